@@ -1,0 +1,1 @@
+"""Inbound adapters: signed webhooks, Telegram, Slack, Mattermost."""

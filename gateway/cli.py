@@ -1,0 +1,158 @@
+"""``gateway`` command line (DESIGN §6). Subcommands live with the code they drive and are
+imported only when used, so ``gateway keys`` does not pay for importing the bot libraries."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from gateway import keys
+from gateway.config import ConfigError, Settings, load_settings
+
+STAGES = ("store", "chunk", "embed", "graph")
+# subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
+TARGETS: dict[str, str] = {
+    "dev": "gateway.dev:main",
+    "serve": "gateway.serve:main",
+    "worker": "gateway.pipeline.runner:main",
+    "listen": "gateway.adapters.mattermost:main_listen",
+    "recover": "gateway.pipeline.recover:main",
+    "deadletter": "gateway.pipeline.deadletter:main",
+    "sign": "gateway.adapters.webhooks:main_sign",
+    "telegram": "gateway.adapters.telegram:main_set_webhook",
+}
+
+
+def _stages(text: str) -> list[str]:
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        raise argparse.ArgumentTypeError(f"stages must be among {','.join(STAGES)}")
+    return stages
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("dev", help="whole stack locally on embedded servers (data in ./.gateway)")
+    p.add_argument("--data-dir", default=".gateway")
+    p.add_argument("--no-workers", action="store_true", help="HTTP server only")
+    p.add_argument("--concurrency", type=int, default=8)
+
+    p = sub.add_parser("serve", help="HTTP server")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--telegram-polling", action="store_true",
+                   help="take Telegram updates by long polling instead of the webhook")
+
+    p = sub.add_parser("worker", help="pipeline workers")
+    p.add_argument("--stages", type=_stages, default=list(STAGES),
+                   help="comma-separated subset of store,chunk,embed,graph")
+    p.add_argument("--concurrency", type=int, default=8)
+
+    p = sub.add_parser("listen", help="platform listeners")
+    p.add_argument("platform", choices=["mattermost"])
+
+    sub.add_parser("doctor", help="check the topology; non-zero exit on a failure")
+    sub.add_parser("keys", help="print the key registry")
+    sub.add_parser("migrate", help="apply pending PostgreSQL migrations")
+    sub.add_parser("recover", help="re-enqueue from the run journal what Redis lost")
+
+    p = sub.add_parser("deadletter", help="inspect or act on dead letters")
+    p.add_argument("action", choices=["list", "requeue", "purge"])
+    p.add_argument("--stage", required=True, choices=STAGES)
+    p.add_argument("--limit", type=int, default=100)
+
+    p = sub.add_parser("sign", help="print Standard Webhooks headers for a body")
+    p.add_argument("--secret", required=True)
+    p.add_argument("--id", required=True, dest="msg_id")
+    p.add_argument("--timestamp", type=int)
+    p.add_argument("bodyfile")
+
+    p = sub.add_parser("telegram", help="Telegram helpers")
+    tsub = p.add_subparsers(dest="telegram_command", required=True)
+    tp = tsub.add_parser("set-webhook", help="register the webhook with TELEGRAM_WEBHOOK_SECRET")
+    tp.add_argument("url")
+    return parser
+
+
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    rows = keys.table()
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(row[i].ljust(widths[i]) for i in range(4)) + "  " + row[4])
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway import doctor
+
+    checks = asyncio.run(doctor.run_checks(settings))
+    for check in checks:
+        print(check.line())
+    return 1 if doctor.has_failure(checks) else 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.store.migrate import migrate_url
+
+    if not settings.database_url:
+        raise ConfigError("GATEWAY_DATABASE_URL", "is required")
+    applied = asyncio.run(migrate_url(settings.database_url))
+    for m in applied:
+        print(f"applied {m.version:04d}_{m.name}")
+    if not applied:
+        print("schema current")
+    return 0
+
+
+LOCAL: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "keys": cmd_keys, "doctor": cmd_doctor, "migrate": cmd_migrate,
+}
+
+
+def _resolve(command: str) -> Callable[[argparse.Namespace, Settings], int]:
+    if command in LOCAL:
+        return LOCAL[command]
+    module_name, _, function = TARGETS[command].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("gateway"):
+            raise SystemExit(f"gateway {command}: not available in this build") from None
+        raise
+    return getattr(module, function)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        from gateway import logging_setup
+
+        logging_setup.configure(_secret_values(settings))
+        return _resolve(args.command)(args, settings)
+    except ConfigError as exc:
+        print(f"gateway: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _secret_values(settings: Settings) -> list[str]:
+    from gateway.config import Secret
+
+    values = [v.get() for v in vars(settings).values() if isinstance(v, Secret)]
+    values += [src.secret.get() for src in settings.webhook_sources.values()]
+    for url in (settings.durable_url, settings.cache_url, settings.database_url):
+        if url and "@" in url and ":" in url.split("@")[0].split("//")[-1]:
+            values.append(url.split("@")[0].split("//")[-1].split(":", 1)[1])
+    return values
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

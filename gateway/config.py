@@ -1,0 +1,303 @@
+"""Settings from the environment (DESIGN §6), optionally layered over a TOML file.
+
+Validation happens once, at start-up: a wrong value raises ``ConfigError`` naming the variable,
+and the CLI turns that into one line on stderr. Secret values are wrapped in ``Secret`` so that
+they never reach a log line, a repr or an error message by accident.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+WEBHOOK_SCHEMES = ("standard", "github", "stripe")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or wrong; ``variable`` names it for the operator."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+class Secret:
+    """A string that prints as ``***`` so it cannot leak through logs or tracebacks."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class WebhookSource:
+    """One configured webhook sender: how its signature is checked, and with which secret."""
+
+    name: str
+    scheme: str
+    secret: Secret
+
+    def key_bytes(self) -> bytes:
+        """The HMAC key: Standard Webhooks secrets are ``whsec_<base64>``, others are raw."""
+        raw = self.secret.get()
+        if self.scheme == "standard":
+            body = raw[len("whsec_") :] if raw.startswith("whsec_") else raw
+            return base64.b64decode(body)
+        return raw.encode()
+
+
+@dataclass(frozen=True)
+class Settings:
+    durable_url: str | None = None
+    cache_url: str | None = None
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_token: Secret | None = None
+    webhook_sources: Mapping[str, WebhookSource] = field(default_factory=dict)
+    telegram_bot_token: Secret | None = None
+    telegram_webhook_secret: Secret | None = None
+    telegram_api_url: str = "https://api.telegram.org"
+    slack_bot_token: Secret | None = None
+    slack_signing_secret: Secret | None = None
+    slack_api_url: str = "https://slack.com/api/"
+    mattermost_url: str | None = None
+    mattermost_token: Secret | None = None
+    dedup_ttl: int = 86400
+    lease_seconds: int = 90
+    heartbeat_seconds: int = 30
+    reclaim_seconds: int = 60
+    max_reclaims: int = 3
+    max_failures: int = 3
+    listener_lease_seconds: int = 15
+    max_body_bytes: int = 1024 * 1024
+    # Set by `gateway serve --telegram-polling`, not by the environment.
+    telegram_polling: bool = False
+    # Free-form sections of the TOML file (handlers, limits, ...) for the modules that own them.
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        value = self.sections.get(name, {})
+        return value if isinstance(value, Mapping) else {}
+
+
+# env variable -> (settings field, parser). Order is the order errors are found in.
+def _parse_redis_url(name: str, value: str) -> str:
+    scheme = urlsplit(value).scheme
+    if scheme not in REDIS_SCHEMES:
+        raise ConfigError(name, f"must be a URL with scheme {', '.join(REDIS_SCHEMES)}")
+    if scheme in ("unix",) and not urlsplit(value).path:
+        raise ConfigError(name, "unix:// URL needs a socket path")
+    return value
+
+
+def _parse_pg_url(name: str, value: str) -> str:
+    if urlsplit(value).scheme not in ("postgresql", "postgres"):
+        raise ConfigError(name, "must be a postgresql:// URL")
+    return value
+
+
+def _parse_http_url(name: str, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(name, "must be an http:// or https:// URL")
+    return value
+
+
+def _parse_port(name: str, value: str) -> int:
+    port = _parse_int(name, value)
+    if not 0 <= port <= 65535:
+        raise ConfigError(name, "must be a port number 0-65535")
+    return port
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(name, f"must be an integer (got {value!r})") from None
+
+
+def _parse_seconds(name: str, value: str) -> int:
+    seconds = _parse_int(name, value)
+    if seconds <= 0:
+        raise ConfigError(name, f"must be a positive number of seconds (got {seconds})")
+    return seconds
+
+
+def _parse_secret(name: str, value: str) -> Secret:
+    if not value:
+        raise ConfigError(name, "is set but empty")
+    return Secret(value)
+
+
+def _parse_text(name: str, value: str) -> str:
+    return value
+
+
+def parse_webhook_secrets(name: str, value: str) -> dict[str, WebhookSource]:
+    """``source=[scheme:]secret,...``; errors name the source, never the secret."""
+    sources: dict[str, WebhookSource] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        source, sep, spec = part.partition("=")
+        source = source.strip()
+        if not sep or not source or not spec:
+            raise ConfigError(name, f"entry {len(sources) + 1} is not source=secret")
+        scheme, colon, secret = spec.partition(":")
+        if not colon or scheme not in WEBHOOK_SCHEMES:
+            scheme, secret = "standard", spec
+        if not secret:
+            raise ConfigError(name, f"source {source!r} has an empty secret")
+        if source in sources:
+            raise ConfigError(name, f"source {source!r} appears twice")
+        entry = WebhookSource(source, scheme, Secret(secret))
+        if scheme == "standard":
+            try:
+                if not entry.key_bytes():
+                    raise ValueError
+            except (binascii.Error, ValueError):
+                raise ConfigError(
+                    name, f"source {source!r}: standard secret must be whsec_<base64>"
+                ) from None
+        sources[source] = entry
+    return sources
+
+
+_ENV: dict[str, tuple[str, Any]] = {
+    "GATEWAY_DURABLE_URL": ("durable_url", _parse_redis_url),
+    "GATEWAY_CACHE_URL": ("cache_url", _parse_redis_url),
+    "GATEWAY_DATABASE_URL": ("database_url", _parse_pg_url),
+    "GATEWAY_HOST": ("host", _parse_text),
+    "GATEWAY_PORT": ("port", _parse_port),
+    "GATEWAY_ADMIN_TOKEN": ("admin_token", _parse_secret),
+    "GATEWAY_WEBHOOK_SECRETS": ("webhook_sources", parse_webhook_secrets),
+    "TELEGRAM_BOT_TOKEN": ("telegram_bot_token", _parse_secret),
+    "TELEGRAM_WEBHOOK_SECRET": ("telegram_webhook_secret", _parse_secret),
+    "TELEGRAM_API_URL": ("telegram_api_url", _parse_http_url),
+    "SLACK_BOT_TOKEN": ("slack_bot_token", _parse_secret),
+    "SLACK_SIGNING_SECRET": ("slack_signing_secret", _parse_secret),
+    "SLACK_API_URL": ("slack_api_url", _parse_http_url),
+    "MATTERMOST_URL": ("mattermost_url", _parse_http_url),
+    "MATTERMOST_TOKEN": ("mattermost_token", _parse_secret),
+    "GATEWAY_DEDUP_TTL": ("dedup_ttl", _parse_seconds),
+    "GATEWAY_LEASE_SECONDS": ("lease_seconds", _parse_seconds),
+    "GATEWAY_HEARTBEAT_SECONDS": ("heartbeat_seconds", _parse_seconds),
+    "GATEWAY_RECLAIM_SECONDS": ("reclaim_seconds", _parse_seconds),
+    "GATEWAY_MAX_RECLAIMS": ("max_reclaims", _parse_seconds),
+    "GATEWAY_MAX_FAILURES": ("max_failures", _parse_seconds),
+    "GATEWAY_LISTENER_LEASE_SECONDS": ("listener_lease_seconds", _parse_seconds),
+    "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _parse_seconds),
+}
+ENV_VARIABLES = tuple(_ENV)
+_FIELD_TO_ENV = {fieldname: env for env, (fieldname, _) in _ENV.items()}
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("GATEWAY_CONFIG", f"file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("GATEWAY_CONFIG", f"{path} is not valid TOML: {exc}") from None
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Build settings from ``GATEWAY_CONFIG`` (TOML, optional) overlaid with the environment.
+
+    In the TOML file, the ``[gateway]`` table takes the same names as the variables in lower
+    case without prefix (``port = 8080``, ``durable_url = ...``); other tables are kept as
+    ``sections`` for the modules that own them.
+    """
+    env = os.environ if environ is None else environ
+    raw: dict[str, str] = {}
+    sections: dict[str, Any] = {}
+    config_path = env.get("GATEWAY_CONFIG")
+    if config_path:
+        data = _load_toml(Path(config_path))
+        for key, value in data.get("gateway", {}).items():
+            variable = _toml_key_to_env(key)
+            if variable is None:
+                raise ConfigError(f"GATEWAY_CONFIG [gateway].{key}", "unknown setting")
+            raw[variable] = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(
+                value, dict
+            ) else str(value)
+        sections = {k: v for k, v in data.items() if k != "gateway"}
+    for variable in _ENV:
+        if variable in env and env[variable] != "":
+            raw[variable] = env[variable]
+    values: dict[str, Any] = {}
+    for variable, text in raw.items():
+        fieldname, parse = _ENV[variable]
+        values[fieldname] = parse(variable, text)
+    settings = Settings(**values, sections=sections)
+    _check_consistency(settings)
+    return settings
+
+
+def _toml_key_to_env(key: str) -> str | None:
+    for variable in _ENV:
+        short = variable.lower().removeprefix("gateway_")
+        if key in (short, variable.lower()):
+            return variable
+    return None
+
+
+def _check_consistency(settings: Settings) -> None:
+    if settings.heartbeat_seconds >= settings.lease_seconds:
+        raise ConfigError(
+            "GATEWAY_HEARTBEAT_SECONDS", "must be shorter than GATEWAY_LEASE_SECONDS"
+        )
+    if settings.mattermost_url and not settings.mattermost_token:
+        raise ConfigError("MATTERMOST_TOKEN", "is required when MATTERMOST_URL is set")
+
+
+def env_name(fieldname: str) -> str:
+    """The variable that sets a settings field, for error messages of later checks."""
+    return _FIELD_TO_ENV.get(fieldname, fieldname)
+
+
+def redact_url(url: str | None) -> str:
+    """A URL fit for logs: the password (if any) replaced by ``***``."""
+    if not url:
+        return "-"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,152 @@
+"""The key registry (DESIGN §2): every Redis key and channel the gateway uses, and the only
+place that builds them.
+
+A key that matches no row here is a bug; ``tests/test_keys.py`` scans both instances after a
+full scenario to prove it. Keys that one Lua script touches together share a hash tag so the
+scripts also run on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Instance = Literal["durable", "cache"]
+
+# Every pipeline key carries this hash tag: ADD/FETCH/COMPLETE/... touch several stages at once.
+PIPELINE_TAG = "{pipeline}"
+
+
+@dataclass(frozen=True)
+class Row:
+    namespace: str
+    purpose: str
+    instance: Instance
+    ttl: str
+    owner: str
+    kind: Literal["key", "channel"] = "key"
+
+    @property
+    def must_expire(self) -> bool:
+        """Every key in redis-cache carries a TTL (DESIGN §1); so do dedup claims and leases."""
+        return self.kind == "key" and (
+            self.instance == "cache" or self.namespace.startswith(("dedup:", "lock:", "brute:"))
+        )
+
+
+REGISTRY: tuple[Row, ...] = (
+    Row("q:", "pipeline queues, leases, delayed retries, dead letters, payloads, stats",
+        "durable", "until completion", "pipeline"),
+    Row("rl:", "rate-limit state (GCRA theoretical arrival time, concurrency slots)",
+        "durable", "the window", "ratelimit"),
+    Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
+        "durable", "the window", "security"),
+    Row("lock:", "single-holder leases with fencing token (listener, maintenance)",
+        "durable", "lease", "runs"),
+    Row("dedup:webhook:", "one inbound webhook delivery, one processing",
+        "durable", "24 h (GATEWAY_DEDUP_TTL)", "webhooks"),
+    Row("dedup:slack-event:", "one Slack event_id, one answer", "durable", "24 h", "slack"),
+    Row("dedup:telegram-update:", "one Telegram update_id per bot, one answer",
+        "durable", "24 h", "telegram"),
+    Row("dedup:job:", "one job_id enqueue, one run", "durable", "~24 h after success",
+        "pipeline"),
+    Row("dedup:mattermost-post:", "one Mattermost post id, one answer", "durable", "24 h",
+        "mattermost"),
+    Row("cache:", "response and search-candidate cache", "cache", "per key (+LRU)", "cache"),
+    Row("cache:mattermost:listener", "listener heartbeat JSON; expired = not running",
+        "cache", "90 s", "mattermost"),
+    Row("telegram:active-conv:", "pointer to a Telegram chat's active conversation",
+        "cache", "sliding, conversation idle time", "telegram"),
+    Row("slack:active-conv:", "pointer to a Slack channel/thread's active conversation",
+        "cache", "sliding, conversation idle time", "slack"),
+    Row("mattermost:active-conv:", "pointer to a Mattermost channel's active conversation",
+        "cache", "sliding, conversation idle time", "mattermost"),
+    Row("push:", "pub/sub signal of a new feed row (a channel, not a key)",
+        "cache", "ephemeral", "push", kind="channel"),
+)
+
+_BY_PREFIX = sorted(REGISTRY, key=lambda row: len(row.namespace), reverse=True)
+
+
+def row_for(key: str) -> Row | None:
+    """The registry row a key or channel belongs to (most specific namespace wins)."""
+    for row in _BY_PREFIX:
+        if key == row.namespace or (row.namespace.endswith(":") and key.startswith(row.namespace)):
+            return row
+    return None
+
+
+def _join(namespace: str, *parts: object) -> str:
+    if not parts:
+        raise ValueError(f"{namespace} key needs at least one part")
+    return namespace + ":".join(str(p) for p in parts)
+
+
+# --- durable -----------------------------------------------------------------------------
+
+def q(*parts: object) -> str:
+    """A pipeline key: ``q:{pipeline}:<parts>``; one hash tag for every pipeline key."""
+    return _join("q:", PIPELINE_TAG, *parts)
+
+
+def rl(*parts: object) -> str:
+    return _join("rl:", *parts)
+
+
+def brute(*parts: object) -> str:
+    return _join("brute:", *parts)
+
+
+def lock(name: str) -> str:
+    return _join("lock:", name)
+
+
+def dedup_webhook(source: str, delivery_id: str) -> str:
+    return _join("dedup:webhook:", source, delivery_id)
+
+
+def dedup_slack_event(event_id: str) -> str:
+    return _join("dedup:slack-event:", event_id)
+
+
+def dedup_telegram_update(bot_id: int | str, update_id: int | str) -> str:
+    return _join("dedup:telegram-update:", bot_id, update_id)
+
+
+def dedup_job(job_id: str) -> str:
+    return _join("dedup:job:", job_id)
+
+
+def dedup_mattermost_post(post_id: str) -> str:
+    return _join("dedup:mattermost-post:", post_id)
+
+
+# --- cache -------------------------------------------------------------------------------
+
+def cache(*parts: object) -> str:
+    return _join("cache:", *parts)
+
+
+def mattermost_listener() -> str:
+    return "cache:mattermost:listener"
+
+
+def telegram_active_conv(chat_id: int | str) -> str:
+    return _join("telegram:active-conv:", chat_id)
+
+
+def slack_active_conv(team_id: str, channel: str, thread_ts: str | None = None) -> str:
+    return _join("slack:active-conv:", team_id, channel, thread_ts or "-")
+
+
+def mattermost_active_conv(channel_id: str, root_id: str | None = None) -> str:
+    return _join("mattermost:active-conv:", channel_id, root_id or "-")
+
+
+def push_channel(topic: str) -> str:
+    return _join("push:", topic)
+
+
+def table() -> list[tuple[str, str, str, str, str]]:
+    """Rows for ``gateway keys``: namespace first."""
+    return [(r.namespace, r.instance, r.ttl, r.owner, r.purpose) for r in REGISTRY]

@@ -1,0 +1,1 @@
+"""Durable feed in PostgreSQL plus push: signals on redis-cache (DESIGN §4)."""

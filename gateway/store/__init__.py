@@ -1,0 +1,1 @@
+"""PostgreSQL: the system of record (conversations, feed, run journal, documents)."""

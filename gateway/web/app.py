@@ -1,0 +1,32 @@
+"""Builds the aiohttp application from components.
+
+A component is a module with ``setup(app, runtime)`` that adds its routes, background tasks
+(``app.cleanup_ctx``) and readiness checks. The list below is the whole HTTP surface.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from gateway.runtime import Runtime
+from gateway.web.keys import RUNTIME
+from gateway.web.middleware import errors_and_metrics, make_size_limit
+
+COMPONENTS: tuple[str, ...] = (
+    "gateway.web.health",
+)
+
+
+def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.Application:
+    settings = runtime.settings
+    app = web.Application(
+        middlewares=[errors_and_metrics, make_size_limit(settings.max_body_bytes)],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[RUNTIME] = runtime
+    for name in components:
+        importlib.import_module(name).setup(app, runtime)
+    return app

