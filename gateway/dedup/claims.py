@@ -1,0 +1,63 @@
+"""Dedup as a claim, not a mark (DESIGN §2).
+
+``SET key in-progress NX EX ttl`` claims an inbound event. The owner of the claim then either
+marks it ``done`` (the side effect happened) or releases it (processing failed before the side
+effect, so the sender's retry must be processed). Anyone else sees a duplicate, whether the
+claim is still in progress or done, and answers as for a success: Slack and Telegram must not
+retry into a second answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.redis_clients import AnyRedis
+
+IN_PROGRESS = "in-progress"
+DONE = "done"
+
+# Release only our own claim: a claim that expired and was re-taken by a retry is not ours.
+_RELEASE = (Path(__file__).parent / "release.lua").read_text()
+
+
+class Outcome(enum.Enum):
+    CLAIMED = "claimed"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    token: str
+    outcome: Outcome
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome is Outcome.CLAIMED
+
+
+async def claim(redis: AnyRedis, key: str, ttl: int) -> Claim:
+    token = f"{IN_PROGRESS}:{secrets.token_hex(8)}"
+    won = await redis.set(key, token, nx=True, ex=ttl)
+    return Claim(key, token, Outcome.CLAIMED if won else Outcome.DUPLICATE)
+
+
+async def mark_done(redis: AnyRedis, claim_: Claim, ttl: int) -> None:
+    """The side effect happened: keep the claim for the whole window as ``done``."""
+    await redis.set(claim_.key, DONE, ex=ttl)
+
+
+async def release(redis: AnyRedis, claim_: Claim) -> bool:
+    """Processing failed before the side effect: let the sender's retry through."""
+    return bool(await redis.eval(_RELEASE, 1, claim_.key, claim_.token))
+
+
+async def state(redis: AnyRedis, key: str) -> str | None:
+    """``None`` (never seen or released), ``in-progress`` or ``done``."""
+    value = await redis.get(key)
+    if value is None:
+        return None
+    return DONE if value == DONE else IN_PROGRESS
