@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, overload
 
 from aiohttp import web
 
@@ -47,7 +47,9 @@ class Fault:
     remaining: int = 1
 
 
-def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+def json_response(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
     """JSON response whose Content-Type is exactly ``application/json``.
 
     aiohttp's ``json_response`` appends ``; charset=utf-8``; some clients (the
@@ -238,12 +240,22 @@ class FakeServer:
         self._faults.clear()
 
     # waiting ---------------------------------------------------------------
+    @overload
+    async def wait_for(
+        self, predicate: Callable[[], Awaitable[T]], timeout: float = ..., message: str = ...
+    ) -> T: ...
+
+    @overload
+    async def wait_for(
+        self, predicate: Callable[[], T], timeout: float = ..., message: str = ...
+    ) -> T: ...
+
     async def wait_for(
         self,
-        predicate: Callable[[], T | Awaitable[T]],
+        predicate: Callable[[], Any],
         timeout: float = 5.0,
         message: str = "",
-    ) -> T:
+    ) -> Any:
         """Wait (with a deadline) until ``predicate()`` is truthy; see ``wait_until``."""
         return await wait_until(predicate, timeout=timeout, message=message)
 
@@ -255,5 +267,7 @@ class FakeServer:
             return found if len(found) >= count else []
 
         return await wait_until(
-            enough, timeout=timeout, message=f"{count} call(s) to {method}; saw {self.method_names()}"
+            enough,
+            timeout=timeout,
+            message=f"{count} call(s) to {method}; saw {self.method_names()}",
         )

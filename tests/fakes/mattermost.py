@@ -110,8 +110,13 @@ class FakeMattermost(FakeServer):
             HUMAN_USER_ID: self._user(HUMAN_USER_ID, "alice"),
         }
         self.team: dict[str, Any] = {
-            "id": team_id, "name": team_name, "display_name": team_name.title(), "type": "O",
-            "create_at": self._now_ms(), "update_at": self._now_ms(), "delete_at": 0,
+            "id": team_id,
+            "name": team_name,
+            "display_name": team_name.title(),
+            "type": "O",
+            "create_at": self._now_ms(),
+            "update_at": self._now_ms(),
+            "delete_at": 0,
         }
         self.channels: dict[str, dict[str, Any]] = {}
         #: channel ids the bot is a member of
@@ -143,9 +148,17 @@ class FakeMattermost(FakeServer):
     @staticmethod
     def _user(user_id: str, username: str, *, is_bot: bool = False) -> dict[str, Any]:
         user: dict[str, Any] = {
-            "id": user_id, "username": username, "email": f"{username}@example.invalid",
-            "first_name": "", "last_name": "", "nickname": "", "roles": "system_user",
-            "locale": "en", "create_at": 0, "update_at": 0, "delete_at": 0,
+            "id": user_id,
+            "username": username,
+            "email": f"{username}@example.invalid",
+            "first_name": "",
+            "last_name": "",
+            "nickname": "",
+            "roles": "system_user",
+            "locale": "en",
+            "create_at": 0,
+            "update_at": 0,
+            "delete_at": 0,
         }
         if is_bot:
             user["is_bot"] = True
@@ -165,7 +178,10 @@ class FakeMattermost(FakeServer):
         channel_type: str = "O",
         member: bool = True,
     ) -> dict[str, Any]:
-        """Create a channel (``"O"`` open, ``"P"`` private, ``"D"`` direct); the bot joins if ``member``."""
+        """Create a channel (type ``"O"`` open, ``"P"`` private, ``"D"`` direct).
+
+        The bot is a member (so the channel is listed) when ``member`` is true.
+        """
         now = self._now_ms()
         channel = {
             "id": channel_id,
@@ -173,9 +189,14 @@ class FakeMattermost(FakeServer):
             "type": channel_type,
             "name": name or channel_id,
             "display_name": display_name or (name or channel_id).title(),
-            "header": "", "purpose": "",
-            "create_at": now, "update_at": now, "delete_at": 0,
-            "last_post_at": 0, "total_msg_count": 0, "creator_id": "",
+            "header": "",
+            "purpose": "",
+            "create_at": now,
+            "update_at": now,
+            "delete_at": 0,
+            "last_post_at": 0,
+            "total_msg_count": 0,
+            "creator_id": "",
         }
         self.channels[channel_id] = channel
         if member:
@@ -207,7 +228,8 @@ class FakeMattermost(FakeServer):
         return [
             c.params["_post"]
             for c in self.calls_to("create_post")
-            if "_post" in c.params and (channel_id is None or c.params["_post"]["channel_id"] == channel_id)
+            if "_post" in c.params
+            and (channel_id is None or c.params["_post"]["channel_id"] == channel_id)
         ]
 
     def reply_messages(self, channel_id: str | None = None) -> list[str]:
@@ -215,7 +237,7 @@ class FakeMattermost(FakeServer):
         return [str(p["message"]) for p in self.replies(channel_id)]
 
     async def wait_for_sockets(self, count: int = 1, timeout: float = 5.0) -> None:
-        """Wait until at least ``count`` authenticated sockets are open (so pushes reach a listener)."""
+        """Wait until ``count`` authenticated sockets are open, so pushes reach a listener."""
         await self.wait_for(
             lambda: self.open_sockets >= count,
             timeout=timeout,
@@ -240,9 +262,13 @@ class FakeMattermost(FakeServer):
             found = self.replies(channel_id)
             return found if len(found) >= count else []
 
-        return await self.wait_for(enough, timeout=timeout, message=f"{count} replies in {channel_id}")
+        return await self.wait_for(
+            enough, timeout=timeout, message=f"{count} replies in {channel_id}"
+        )
 
-    def fail_next(self, endpoint: str, status: int = 429, retry_after: int = 1, count: int = 1) -> None:
+    def fail_next(
+        self, endpoint: str, status: int = 429, retry_after: int = 1, count: int = 1
+    ) -> None:
         """Answer the next ``count`` requests to ``endpoint`` (``"*"``: any) with an error.
 
         Endpoint names: ``login``, ``get_user``, ``create_post``, ``channel_posts``,
@@ -251,7 +277,10 @@ class FakeMattermost(FakeServer):
         shape; 429 adds ``Retry-After`` and ``X-Ratelimit-*`` headers.
         """
         self._queue_fault(
-            endpoint, Fault(status=status, retry_after=retry_after if status == 429 else None, remaining=count)
+            endpoint,
+            Fault(
+                status=status, retry_after=retry_after if status == 429 else None, remaining=count
+            ),
         )
 
     def make_post(
@@ -270,11 +299,22 @@ class FakeMattermost(FakeServer):
         now = self._tick_ms()
         post: dict[str, Any] = {
             "id": post_id or new_id(),
-            "create_at": now, "update_at": now, "edit_at": 0, "delete_at": 0,
-            "is_pinned": False, "user_id": user_id, "channel_id": channel_id,
-            "root_id": root_id, "original_id": "", "message": message, "type": "",
-            "props": dict(props or {}), "hashtags": "", "pending_post_id": "",
-            "reply_count": 0, "metadata": {},
+            "create_at": now,
+            "update_at": now,
+            "edit_at": 0,
+            "delete_at": 0,
+            "is_pinned": False,
+            "user_id": user_id,
+            "channel_id": channel_id,
+            "root_id": root_id,
+            "original_id": "",
+            "message": message,
+            "type": "",
+            "props": dict(props or {}),
+            "hashtags": "",
+            "pending_post_id": "",
+            "reply_count": 0,
+            "metadata": {},
         }
         self.posts[post["id"]] = post
         self.channels[channel_id]["last_post_at"] = now
@@ -290,17 +330,22 @@ class FakeMattermost(FakeServer):
         root_id: str = "",
         props: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Store a post and push a ``posted`` event to every authenticated socket; returns the post."""
-        post = self.make_post(channel_id, message, user_id=user_id, post_id=post_id, root_id=root_id, props=props)
+        """Store a post, push ``posted`` to every authenticated socket, return the post."""
+        post = self.make_post(
+            channel_id, message, user_id=user_id, post_id=post_id, root_id=root_id, props=props
+        )
         await self.push_posted(post)
         return post
 
     async def redeliver(self, post_id: str) -> int:
-        """Push the ``posted`` event of an existing post again (duplicate delivery); returns sockets reached."""
+        """Push an existing post's ``posted`` event again (a duplicate delivery).
+
+        Returns the number of sockets reached.
+        """
         return await self.push_posted(self.posts[post_id])
 
     async def push_posted(self, post: Mapping[str, Any]) -> int:
-        """Push a ``posted`` event for ``post`` (``data.post`` JSON-encoded); returns sockets reached."""
+        """Push ``posted`` for ``post`` (``data.post`` JSON-encoded); returns sockets reached."""
         channel = self.channels.get(str(post["channel_id"]), {})
         sender = self.users.get(str(post["user_id"]), {}).get("username", "unknown")
         data = {
@@ -312,13 +357,18 @@ class FakeMattermost(FakeServer):
             "set_online": True,
             "team_id": channel.get("team_id", ""),
         }
-        broadcast = {"omit_users": None, "user_id": "", "channel_id": post["channel_id"], "team_id": ""}
+        broadcast = {
+            "omit_users": None,
+            "user_id": "",
+            "channel_id": post["channel_id"],
+            "team_id": "",
+        }
         return await self.push_event("posted", data, broadcast)
 
     async def push_event(
         self, event: str, data: Mapping[str, Any], broadcast: Mapping[str, Any] | None = None
     ) -> int:
-        """Send ``{"event", "data", "broadcast", "seq"}`` to every authenticated socket; returns count."""
+        """Send ``{"event", "data", "broadcast", "seq"}`` to live sockets; returns count."""
         sent = 0
         for sock in list(self.sockets):
             if not sock.authenticated or sock.ws.closed:
@@ -326,7 +376,10 @@ class FakeMattermost(FakeServer):
             payload = {
                 "event": event,
                 "data": dict(data),
-                "broadcast": dict(broadcast or {"omit_users": None, "user_id": "", "channel_id": "", "team_id": ""}),
+                "broadcast": dict(
+                    broadcast
+                    or {"omit_users": None, "user_id": "", "channel_id": "", "team_id": ""}
+                ),
                 "seq": sock.next_seq(),
             }
             try:
@@ -337,10 +390,11 @@ class FakeMattermost(FakeServer):
         return sent
 
     async def drop_sockets(self, code: int = 1000, message: str = "") -> int:
-        """Close every open socket cleanly with a close frame carrying ``code``; returns how many."""
+        """Close every open socket with a close frame carrying ``code``; returns how many."""
         targets = [s for s in self.sockets if not s.ws.closed]
         await asyncio.gather(
-            *(s.ws.close(code=code, message=message.encode()) for s in targets), return_exceptions=True
+            *(s.ws.close(code=code, message=message.encode()) for s in targets),
+            return_exceptions=True,
         )
         return len(targets)
 
@@ -374,18 +428,31 @@ class FakeMattermost(FakeServer):
         await self.drop_sockets(1001, "server shutting down")
 
     @staticmethod
-    def _app_error(status: int, error_id: str, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
-        body = {"id": error_id, "message": message, "detailed_error": "",
-                "request_id": new_id(), "status_code": status}
+    def _app_error(
+        status: int, error_id: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> web.Response:
+        body = {
+            "id": error_id,
+            "message": message,
+            "detailed_error": "",
+            "request_id": new_id(),
+            "status_code": status,
+        }
         return json_response(body, status=status, headers=headers)
 
     def _fault_response(self, fault: Fault) -> web.Response:
         headers: dict[str, str] = {}
         if fault.status == 429:
             retry = str(fault.retry_after or 1)
-            headers = {"Retry-After": retry, "X-Ratelimit-Limit": "10",
-                       "X-Ratelimit-Remaining": "0", "X-Ratelimit-Reset": retry}
-            return self._app_error(429, "api.context.rate_limit.app_error", "limit exceeded", headers)
+            headers = {
+                "Retry-After": retry,
+                "X-Ratelimit-Limit": "10",
+                "X-Ratelimit-Remaining": "0",
+                "X-Ratelimit-Reset": retry,
+            }
+            return self._app_error(
+                429, "api.context.rate_limit.app_error", "limit exceeded", headers
+            )
         return self._app_error(fault.status, "api.injected_fault.app_error", "injected fault")
 
     def _token_of(self, request: web.Request) -> str | None:
@@ -403,13 +470,23 @@ class FakeMattermost(FakeServer):
             return await handler(request)
         if self._token_of(request) not in self.valid_tokens:
             params = await read_params(request)
-            self.record("unauthorized", {"path": request.path, **params}, request, token=self._token_of(request))
-            return self._app_error(401, "api.context.session_expired.app_error",
-                                   "Invalid or expired session, please login again.")
+            self.record(
+                "unauthorized",
+                {"path": request.path, **params},
+                request,
+                token=self._token_of(request),
+            )
+            return self._app_error(
+                401,
+                "api.context.session_expired.app_error",
+                "Invalid or expired session, please login again.",
+            )
         response: web.StreamResponse = await handler(request)
         return response
 
-    async def _begin(self, endpoint: str, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+    async def _begin(
+        self, endpoint: str, request: web.Request
+    ) -> tuple[dict[str, Any], web.Response | None]:
         """Record the call and return (params, fault response or None)."""
         params = await read_params(request)
         params.update({f"_{k}": v for k, v in request.match_info.items()})
@@ -425,8 +502,11 @@ class FakeMattermost(FakeServer):
         if failed:
             return failed
         if params.get("login_id") != self.login_id or params.get("password") != self.password:
-            return self._app_error(401, "api.user.login.invalid_credentials_email_username",
-                                   "Enter a valid email or username and/or password.")
+            return self._app_error(
+                401,
+                "api.user.login.invalid_credentials_email_username",
+                "Enter a valid email or username and/or password.",
+            )
         session = f"sess{new_id()}"
         self.valid_tokens.add(session)
         return json_response(self.bot_user, headers={"Token": session})
@@ -437,7 +517,9 @@ class FakeMattermost(FakeServer):
             return failed
         user = self.users.get(self._resolve_user(request.match_info["user_id"]))
         if user is None:
-            return self._app_error(404, "app.user.missing_account.const", "Unable to find the user.")
+            return self._app_error(
+                404, "app.user.missing_account.const", "Unable to find the user."
+            )
         return json_response(user)
 
     async def _teams(self, request: web.Request) -> web.Response:
@@ -446,7 +528,8 @@ class FakeMattermost(FakeServer):
 
     def _member_channels(self, team_id: str | None = None) -> list[dict[str, Any]]:
         return [
-            c for cid, c in self.channels.items()
+            c
+            for cid, c in self.channels.items()
             if cid in self.memberships and (team_id is None or c["team_id"] in (team_id, ""))
         ]
 
@@ -456,7 +539,9 @@ class FakeMattermost(FakeServer):
             return failed
         team_id = request.match_info["team_id"]
         if team_id != self.team["id"]:
-            return self._app_error(404, "app.team.get.find.app_error", "Unable to find the existing team.")
+            return self._app_error(
+                404, "app.team.get.find.app_error", "Unable to find the existing team."
+            )
         return json_response(self._member_channels(team_id))
 
     async def _user_channels(self, request: web.Request) -> web.Response:
@@ -469,7 +554,9 @@ class FakeMattermost(FakeServer):
             return failed
         channel = self.channels.get(request.match_info["channel_id"])
         if channel is None:
-            return self._app_error(404, "app.channel.get.existing.app_error", "Unable to find the existing channel.")
+            return self._app_error(
+                404, "app.channel.get.existing.app_error", "Unable to find the existing channel."
+            )
         return json_response(channel)
 
     async def _create_post(self, request: web.Request) -> web.Response:
@@ -478,12 +565,19 @@ class FakeMattermost(FakeServer):
             return failed
         channel_id = str(params.get("channel_id") or "")
         if channel_id not in self.channels:
-            return self._app_error(400, "api.context.invalid_body_param.app_error", "Invalid channel_id.")
+            return self._app_error(
+                400, "api.context.invalid_body_param.app_error", "Invalid channel_id."
+            )
         if not params.get("message") and not params.get("file_ids"):
-            return self._app_error(400, "api.context.invalid_body_param.app_error", "Invalid message.")
+            return self._app_error(
+                400, "api.context.invalid_body_param.app_error", "Invalid message."
+            )
         post = self.make_post(
-            channel_id, str(params.get("message", "")),
-            user_id=self.bot_user["id"], root_id=str(params.get("root_id") or ""), props=params.get("props"),
+            channel_id,
+            str(params.get("message", "")),
+            user_id=self.bot_user["id"],
+            root_id=str(params.get("root_id") or ""),
+            props=params.get("props"),
         )
         if params.get("pending_post_id"):
             post["pending_post_id"] = params["pending_post_id"]
@@ -498,21 +592,29 @@ class FakeMattermost(FakeServer):
             return failed
         channel_id = request.match_info["channel_id"]
         if channel_id not in self.channels:
-            return self._app_error(404, "app.channel.get.existing.app_error", "Unable to find the existing channel.")
-        posts = [p for p in self.posts.values() if p["channel_id"] == channel_id and not p["delete_at"]]
+            return self._app_error(
+                404, "app.channel.get.existing.app_error", "Unable to find the existing channel."
+            )
+        posts = [
+            p for p in self.posts.values() if p["channel_id"] == channel_id and not p["delete_at"]
+        ]
         if params.get("since"):
             since = int(params["since"])
             chosen = [p for p in posts if p["update_at"] > since or p["create_at"] > since]
         else:
             page, per_page = int(params.get("page") or 0), int(params.get("per_page") or 60)
             newest_first = sorted(posts, key=lambda p: p["create_at"], reverse=True)
-            chosen = newest_first[page * per_page:(page + 1) * per_page]
+            chosen = newest_first[page * per_page : (page + 1) * per_page]
         chosen.sort(key=lambda p: p["create_at"], reverse=True)
-        return json_response({
-            "order": [p["id"] for p in chosen],
-            "posts": {p["id"]: p for p in chosen},
-            "next_post_id": "", "prev_post_id": "", "has_next": False,
-        })
+        return json_response(
+            {
+                "order": [p["id"] for p in chosen],
+                "posts": {p["id"]: p for p in chosen},
+                "next_post_id": "",
+                "prev_post_id": "",
+                "has_next": False,
+            }
+        )
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         self.ws_attempts += 1
@@ -520,7 +622,9 @@ class FakeMattermost(FakeServer):
         if fault is not None:
             return self._fault_response(fault)
         if not self.accepting or self.closing:
-            return self._app_error(503, "api.web_socket.connect.unavailable", "Service unavailable.")
+            return self._app_error(
+                503, "api.web_socket.connect.unavailable", "Service unavailable."
+            )
         ws = web.WebSocketResponse(timeout=self.ws_close_timeout, autoping=True)
         await ws.prepare(request)
         sock = _Socket(ws=ws, request=request)
@@ -550,8 +654,17 @@ class FakeMattermost(FakeServer):
         """Send hello, then mark the socket as receiving broadcasts."""
         hello = {
             "event": "hello",
-            "data": {"server_version": SERVER_VERSION, "connection_id": new_id(), "server_hostname": "fake"},
-            "broadcast": {"omit_users": None, "user_id": self.bot_user["id"], "channel_id": "", "team_id": ""},
+            "data": {
+                "server_version": SERVER_VERSION,
+                "connection_id": new_id(),
+                "server_hostname": "fake",
+            },
+            "broadcast": {
+                "omit_users": None,
+                "user_id": self.bot_user["id"],
+                "channel_id": "",
+                "team_id": "",
+            },
             "seq": sock.next_seq(),
         }
         await sock.ws.send_str(json.dumps(hello))
@@ -567,11 +680,19 @@ class FakeMattermost(FakeServer):
             token = (data.get("data") or {}).get("token")
             if token not in self.valid_tokens:
                 self.ws_auth_failures += 1
-                await sock.ws.send_str(json.dumps({
-                    "status": "FAIL", "seq_reply": seq,
-                    "error": {"id": "api.web_socket_router.not_authenticated.app_error",
-                              "message": "Invalid or expired session", "status_code": 401},
-                }))
+                await sock.ws.send_str(
+                    json.dumps(
+                        {
+                            "status": "FAIL",
+                            "seq_reply": seq,
+                            "error": {
+                                "id": "api.web_socket_router.not_authenticated.app_error",
+                                "message": "Invalid or expired session",
+                                "status_code": 401,
+                            },
+                        }
+                    )
+                )
                 await sock.ws.close(code=1008, message=b"authentication failed")
                 return False
             await sock.ws.send_str(json.dumps({"status": "OK", "seq_reply": seq}))
@@ -579,14 +700,26 @@ class FakeMattermost(FakeServer):
                 await self._authenticate(sock)
             return True
         if not sock.authenticated:
-            await sock.ws.send_str(json.dumps({
-                "status": "FAIL", "seq_reply": seq,
-                "error": {"id": "api.web_socket_router.not_authenticated.app_error",
-                          "message": "not authenticated", "status_code": 401},
-            }))
+            await sock.ws.send_str(
+                json.dumps(
+                    {
+                        "status": "FAIL",
+                        "seq_reply": seq,
+                        "error": {
+                            "id": "api.web_socket_router.not_authenticated.app_error",
+                            "message": "not authenticated",
+                            "status_code": 401,
+                        },
+                    }
+                )
+            )
             return True
         reply: dict[str, Any] = {"status": "OK", "seq_reply": seq}
         if action == "ping":
-            reply["data"] = {"text": "pong", "version": SERVER_VERSION, "server_time": self._now_ms()}
+            reply["data"] = {
+                "text": "pong",
+                "version": SERVER_VERSION,
+                "server_time": self._now_ms(),
+            }
         await sock.ws.send_str(json.dumps(reply))
         return True

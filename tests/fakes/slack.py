@@ -60,7 +60,9 @@ def _new_ts() -> str:
 # --- signing and inbound request builders -----------------------------------------
 
 
-def sign_slack(secret: str, body: bytes | str, timestamp: int | str | None = None) -> dict[str, str]:
+def sign_slack(
+    secret: str, body: bytes | str, timestamp: int | str | None = None
+) -> dict[str, str]:
     """Headers Slack adds to a request: ``X-Slack-Request-Timestamp`` and ``X-Slack-Signature``.
 
     ``timestamp`` defaults to now; pass an old one to test replay rejection.
@@ -83,7 +85,7 @@ def signed_json(
 def signed_form(
     secret: str, body: bytes | Mapping[str, str], timestamp: int | str | None = None
 ) -> tuple[bytes, dict[str, str]]:
-    """Form-encode (if needed) and sign a slash-command/interactivity body; return (body, headers)."""
+    """Form-encode (if needed) and sign a slash-command body; return (body, headers)."""
     raw = body if isinstance(body, bytes) else urlencode(dict(body)).encode()
     headers = {
         "Content-Type": "application/x-www-form-urlencoded",
@@ -92,7 +94,9 @@ def signed_form(
     return raw, headers
 
 
-def url_verification(challenge: str = "challenge-token", token: str = "legacy-token") -> dict[str, Any]:
+def url_verification(
+    challenge: str = "challenge-token", token: str = "legacy-token"
+) -> dict[str, Any]:
     """The body Slack sends when an Events API request URL is configured."""
     return {"token": token, "challenge": challenge, "type": "url_verification"}
 
@@ -139,7 +143,12 @@ def app_mention_event(
 ) -> dict[str, Any]:
     """An ``app_mention`` event; the text starts with ``<@bot_user_id>`` as Slack sends it."""
     event = message_event(
-        f"<@{bot_user_id}> {text}", channel=channel, user=user, ts=ts, thread_ts=thread_ts, team=team
+        f"<@{bot_user_id}> {text}",
+        channel=channel,
+        user=user,
+        ts=ts,
+        thread_ts=thread_ts,
+        team=team,
     )
     event["type"] = "app_mention"
     del event["channel_type"]
@@ -225,7 +234,8 @@ def slash_command_body(
         "api_app_id": api_app_id,
         "is_enterprise_install": "false",
         "response_url": response_url,
-        "trigger_id": trigger_id or f"{int(time.time())}.{uuid.uuid4().int % 10**12}.{uuid.uuid4().hex}",
+        "trigger_id": trigger_id
+        or f"{int(time.time())}.{uuid.uuid4().int % 10**12}.{uuid.uuid4().hex}",
     }
     return urlencode(fields).encode()
 
@@ -283,7 +293,7 @@ class FakeSlack(FakeServer):
         return f"{self.url}/response/{response_id or uuid.uuid4().hex}"
 
     def posted_messages(self, channel: str | None = None) -> list[dict[str, Any]]:
-        """Params of each chat.postMessage (channel, text, thread_ts ...), optionally per channel."""
+        """Params of each chat.postMessage (channel, text, thread_ts ...), maybe per channel."""
         return [
             c.params
             for c in self.calls_to("chat.postMessage")
@@ -312,10 +322,14 @@ class FakeSlack(FakeServer):
             return found if len(found) >= count else []
 
         return await self.wait_for(
-            enough, timeout=timeout, message=f"{count} chat.postMessage to {channel}; calls {self.method_names()}"
+            enough,
+            timeout=timeout,
+            message=f"{count} chat.postMessage to {channel}; calls {self.method_names()}",
         )
 
-    async def wait_for_responses(self, count: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+    async def wait_for_responses(
+        self, count: int = 1, timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
         """Wait until at least ``count`` response_url POSTs arrived; return them."""
 
         def enough() -> list[dict[str, Any]]:
@@ -334,7 +348,12 @@ class FakeSlack(FakeServer):
         thread_ts: str | None = None,
     ) -> dict[str, Any]:
         """Seed a (user) message into a channel for conversations.history/replies."""
-        message: dict[str, Any] = {"type": "message", "user": user, "text": text, "ts": ts or _new_ts()}
+        message: dict[str, Any] = {
+            "type": "message",
+            "user": user,
+            "text": text,
+            "ts": ts or _new_ts(),
+        }
         if thread_ts:
             message["thread_ts"] = thread_ts
         self._store(channel, message)
@@ -348,7 +367,9 @@ class FakeSlack(FakeServer):
         count: int = 1,
         error: str | None = None,
     ) -> None:
-        """Answer the next ``count`` calls of ``method`` (``"*"``: any; ``"response_url"``) with an error.
+        """Answer the next ``count`` calls of ``method`` with an error.
+
+        ``method`` is a Web API method, ``"response_url"`` or ``"*"`` (any).
 
         429 → HTTP 429 + ``Retry-After`` + ``{"ok": false, "error": "ratelimited"}``
         (slack_sdk raises ``SlackApiError``, status 429).  ``status=200`` with
@@ -357,8 +378,12 @@ class FakeSlack(FakeServer):
         """
         self._queue_fault(
             method,
-            Fault(status=status, retry_after=retry_after if status == 429 else None,
-                  description=error, remaining=count),
+            Fault(
+                status=status,
+                retry_after=retry_after if status == 429 else None,
+                description=error,
+                remaining=count,
+            ),
         )
 
     # server ----------------------------------------------------------------
@@ -377,7 +402,9 @@ class FakeSlack(FakeServer):
                 headers={"Retry-After": str(fault.retry_after or 1)},
             )
         default = "internal_error" if fault.status >= 500 else "fatal_error"
-        return json_response({"ok": False, "error": fault.description or default}, status=fault.status)
+        return json_response(
+            {"ok": False, "error": fault.description or default}, status=fault.status
+        )
 
     @staticmethod
     def _bearer(request: web.Request) -> str | None:
@@ -399,7 +426,9 @@ class FakeSlack(FakeServer):
                 return json_response({"ok": False, "error": "invalid_auth"})
         handler = getattr(self, "_m_" + method.replace(".", "_"), None)
         if handler is None:
-            return json_response({"ok": False, "error": "unknown_method", "req_method": method}, status=404)
+            return json_response(
+                {"ok": False, "error": "unknown_method", "req_method": method}, status=404
+            )
         try:
             result = await handler(params)
         except SlackApiFailure as exc:
@@ -474,7 +503,12 @@ class FakeSlack(FakeServer):
         if message is None:
             raise SlackApiFailure("message_not_found")
         message["text"] = str(params.get("text", message.get("text", "")))
-        return {"channel": channel, "ts": message["ts"], "text": message["text"], "message": message}
+        return {
+            "channel": channel,
+            "ts": message["ts"],
+            "text": message["text"],
+            "message": message,
+        }
 
     async def _m_reactions_add(self, params: dict[str, Any]) -> dict[str, Any]:
         self._channel(params)
@@ -486,12 +520,16 @@ class FakeSlack(FakeServer):
         latest = float(params.get("latest") or "inf")
         limit = int(params.get("limit") or 100)
         top = [
-            m for m in self.messages.get(channel, [])
+            m
+            for m in self.messages.get(channel, [])
             if m.get("thread_ts") in (None, m["ts"]) and oldest < float(m["ts"]) <= latest
         ]
         newest_first = list(reversed(top))
-        return {"messages": newest_first[:limit], "has_more": len(newest_first) > limit,
-                "response_metadata": {"next_cursor": ""}}
+        return {
+            "messages": newest_first[:limit],
+            "has_more": len(newest_first) > limit,
+            "response_metadata": {"next_cursor": ""},
+        }
 
     async def _m_conversations_replies(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel(params)
@@ -499,6 +537,13 @@ class FakeSlack(FakeServer):
         parent = self._find(channel, ts)
         if parent is None:
             raise SlackApiFailure("thread_not_found")
-        replies = [m for m in self.messages.get(channel, []) if m.get("thread_ts") == ts and m is not parent]
-        return {"messages": [parent, *replies], "has_more": False,
-                "response_metadata": {"next_cursor": ""}}
+        replies = [
+            m
+            for m in self.messages.get(channel, [])
+            if m.get("thread_ts") == ts and m is not parent
+        ]
+        return {
+            "messages": [parent, *replies],
+            "has_more": False,
+            "response_metadata": {"next_cursor": ""},
+        }

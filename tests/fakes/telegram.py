@@ -79,7 +79,9 @@ def text_update(
 class TelegramApiError(Exception):
     """Raised inside handlers to answer ``{"ok": false, ...}`` with a status."""
 
-    def __init__(self, status: int, description: str, parameters: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, status: int, description: str, parameters: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(description)
         self.status = status
         self.description = description
@@ -126,7 +128,7 @@ class FakeTelegram(FakeServer):
     # public helpers --------------------------------------------------------
     @property
     def api_url(self) -> str:
-        """Bot API root for ``TELEGRAM_API_URL``; requests go to ``{api_url}/bot<token>/<method>``."""
+        """Bot API root for ``TELEGRAM_API_URL``; calls go to ``{api_url}/bot<token>/<method>``."""
         return self.url
 
     @property
@@ -174,7 +176,9 @@ class FakeTelegram(FakeServer):
             return found if len(found) >= count else []
 
         return await self.wait_for(
-            enough, timeout=timeout, message=f"{count} sendMessage to {chat_id}; calls {self.method_names()}"
+            enough,
+            timeout=timeout,
+            message=f"{count} sendMessage to {chat_id}; calls {self.method_names()}",
         )
 
     def fail_next(
@@ -192,8 +196,12 @@ class FakeTelegram(FakeServer):
         """
         self._queue_fault(
             method.lower() if method != "*" else "*",
-            Fault(status=status, retry_after=retry_after if status == 429 else None,
-                  description=description, remaining=count),
+            Fault(
+                status=status,
+                retry_after=retry_after if status == 429 else None,
+                description=description,
+                remaining=count,
+            ),
         )
 
     async def deliver_webhook(
@@ -257,7 +265,9 @@ class FakeTelegram(FakeServer):
         return json_response({"ok": True, "result": result})
 
     @staticmethod
-    def _error(status: int, description: str, parameters: dict[str, Any] | None = None) -> web.Response:
+    def _error(
+        status: int, description: str, parameters: dict[str, Any] | None = None
+    ) -> web.Response:
         body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
         if parameters:
             body["parameters"] = parameters
@@ -279,8 +289,12 @@ class FakeTelegram(FakeServer):
     def _chat(self, chat_id: Any) -> dict[str, Any]:
         text = str(chat_id)
         if text.startswith("@"):
-            return {"id": -1001000000000 - zlib.crc32(text.encode()) % 1_000_000, "type": "channel",
-                    "title": text[1:], "username": text[1:]}
+            return {
+                "id": -1001000000000 - zlib.crc32(text.encode()) % 1_000_000,
+                "type": "channel",
+                "title": text[1:],
+                "username": text[1:],
+            }
         cid = int(text)
         if cid > 0:
             return {"id": cid, "type": "private", "first_name": "User"}
@@ -311,8 +325,7 @@ class FakeTelegram(FakeServer):
     async def _m_editmessagetext(self, params: dict[str, Any]) -> dict[str, Any] | bool:
         if "inline_message_id" in params:
             return True
-        return self._message(params, text=str(params.get("text", "")),
-                             edit_date=int(time.time()))
+        return self._message(params, text=str(params.get("text", "")), edit_date=int(time.time()))
 
     async def _m_sendchataction(self, params: dict[str, Any]) -> bool:
         return True
@@ -392,9 +405,11 @@ class FakeTelegram(FakeServer):
                 return []
 
     def _confirm(self, offset: int) -> None:
-        """Forget updates confirmed by ``offset`` (positive: ids below it; negative: keep last -N)."""
+        """Forget updates confirmed by ``offset`` (>0: ids below it; <0: keep the last -N)."""
         if offset > 0:
-            self.pending_updates = [u for u in self.pending_updates if int(u["update_id"]) >= offset]
+            self.pending_updates = [
+                u for u in self.pending_updates if int(u["update_id"]) >= offset
+            ]
         elif offset < 0:
             self.pending_updates = self.pending_updates[offset:]
 

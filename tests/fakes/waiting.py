@@ -10,19 +10,37 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 __all__ = ["wait_until"]
 
 
+@overload
 async def wait_until(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+) -> T: ...
+
+
+async def wait_until(
+    predicate: Callable[[], Any],
     timeout: float = 5.0,
     interval: float = 0.01,
     message: str = "",
-) -> T:
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value, then return that value.
 
     ``predicate`` may be a plain function or return an awaitable (e.g. an
@@ -37,7 +55,7 @@ async def wait_until(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         remaining = deadline - loop.time()
         if remaining <= 0:
             detail = message or getattr(predicate, "__name__", repr(predicate))
