@@ -27,6 +27,8 @@ from gateway.config import Secret, Settings, parse_webhook_secrets
 from gateway.runtime import Runtime, open_runtime
 from gateway.store.migrate import migrate_url
 
+pytest_plugins = ["tests.fakes.pytest_plugin"]
+
 # Test webhook sources: one of each scheme. The standard secret is whsec_<base64>.
 TEST_WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 TEST_WEBHOOK_SOURCES = (
