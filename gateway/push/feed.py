@@ -1,0 +1,146 @@
+"""The durable feed (DESIGN §4, §6): append rows inside the writer's transaction, signal them
+after the commit, read them back by offset.
+
+Offsets are allocated by a per-topic counter row (``feed_topics``) that the append
+row-locks until the caller commits, so two writers to one topic commit in offset order and a
+poller reading ``offset > N`` never sees N+2 before N+1. Callers should append as the last
+statement of their transaction: the topic stays locked until it commits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from gateway.push.channel import publish_signal
+from gateway.redis_clients import AnyRedis
+
+# Topics end up in SSE cursors ("<topic>:<offset>" joined by commas) and channel names.
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,200}$")
+MAX_READ_LIMIT = 1000
+KIND_MAX = 100
+
+
+class FeedError(ValueError):
+    """A topic, kind or cursor the feed refuses; the message is fit for a 400 answer."""
+
+
+def check_topic(topic: str) -> str:
+    if not isinstance(topic, str) or not TOPIC_RE.match(topic) or topic.endswith(":"):
+        raise FeedError(
+            "topic must be 1-200 characters of letters, digits and _ . : @ - "
+            "(not ending in ':')")
+    return topic
+
+
+@dataclass(frozen=True)
+class FeedRow:
+    topic: str
+    offset: int
+    epoch: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form of DESIGN §6."""
+        return {"topic": self.topic, "offset": self.offset, "epoch": self.epoch,
+                "kind": self.kind, "payload": self.payload,
+                "created_at": self.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class FeedPage:
+    """One read: the topic's epoch, how far retention trimmed it, its head, and rows."""
+
+    topic: str
+    epoch: int
+    trimmed_through: int
+    last_offset: int
+    rows: list[FeedRow]
+
+
+_APPEND = """
+WITH counter AS (
+    INSERT INTO feed_topics AS t (topic, last_offset) VALUES ($1, 1)
+    ON CONFLICT (topic) DO UPDATE SET last_offset = t.last_offset + 1
+    RETURNING t.topic, t.last_offset, t.epoch
+)
+INSERT INTO feed (topic, "offset", epoch, kind, payload)
+SELECT topic, last_offset, epoch, $2, $3::jsonb FROM counter
+RETURNING "offset", epoch, created_at
+"""
+
+
+async def append(conn: asyncpg.Connection, topic: str, kind: str,
+                 payload: dict[str, Any]) -> FeedRow:
+    """Append one row in the caller's open transaction; offset = last + 1 for the topic.
+
+    Publish the returned row with :func:`publish` only after that transaction commits.
+    """
+    check_topic(topic)
+    if not kind or len(kind) > KIND_MAX:
+        raise FeedError(f"kind must be 1-{KIND_MAX} characters")
+    if not isinstance(payload, dict):
+        raise FeedError("payload must be a JSON object")
+    record = await conn.fetchrow(_APPEND, topic, kind, payload)
+    assert record is not None
+    return FeedRow(topic, record["offset"], record["epoch"], kind, payload, record["created_at"])
+
+
+async def publish(cache: AnyRedis, row: FeedRow) -> None:
+    """Signal a committed row on ``push:<topic>``; a failure is logged and swallowed
+    (pub/sub is at-most-once; clients poll the feed to cure a missed signal)."""
+    await publish_signal(cache, row.topic, row.offset, row.kind, row.epoch)
+
+
+async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,
+                             payload: dict[str, Any]) -> FeedRow:
+    """Append in a transaction of its own, then signal after the commit."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await append(conn, topic, kind, payload)
+    await publish(cache, row)
+    return row
+
+
+_READ = """
+SELECT t.epoch AS topic_epoch, t.trimmed_through, t.last_offset,
+       f."offset", f.epoch, f.kind, f.payload, f.created_at
+FROM (SELECT $1::text AS topic) q
+LEFT JOIN feed_topics t ON t.topic = q.topic
+LEFT JOIN LATERAL (
+    SELECT "offset", epoch, kind, payload, created_at FROM feed
+    WHERE feed.topic = q.topic AND feed."offset" > $2
+    ORDER BY "offset" LIMIT $3
+) f ON true
+ORDER BY f."offset"
+"""
+
+
+async def read_page(pool: asyncpg.Pool | asyncpg.Connection, topic: str, after: int,
+                    limit: int) -> FeedPage:
+    """Rows with offset > ``after`` in order (at most ``limit``), from one snapshot."""
+    check_topic(topic)
+    if after < 0:
+        raise FeedError("after must be >= 0")
+    if not 1 <= limit <= MAX_READ_LIMIT:
+        raise FeedError(f"limit must be 1-{MAX_READ_LIMIT}")
+    records = await pool.fetch(_READ, topic, after, limit)
+    head = records[0]
+    if head["topic_epoch"] is None:  # topic never written: epoch 1, empty
+        return FeedPage(topic, 1, 0, 0, [])
+    rows = [FeedRow(topic, r["offset"], r["epoch"], r["kind"], r["payload"], r["created_at"])
+            for r in records if r["offset"] is not None]
+    return FeedPage(topic, head["topic_epoch"], head["trimmed_through"], head["last_offset"],
+                    rows)
+
+
+async def read(pool: asyncpg.Pool | asyncpg.Connection, topic: str, after: int,
+               limit: int) -> tuple[int, list[FeedRow]]:
+    """(epoch, rows with offset > after in order, at most limit)."""
+    page = await read_page(pool, topic, after, limit)
+    return page.epoch, page.rows
