@@ -26,6 +26,7 @@ from gateway import embedded
 from gateway.config import Secret, Settings, parse_webhook_secrets
 from gateway.runtime import Runtime, open_runtime
 from gateway.store.migrate import migrate_url
+from tests import topology
 
 pytest_plugins = ["tests.fakes.pytest_plugin"]
 
@@ -50,6 +51,27 @@ class ServerSet:
     extra: list[Any] = field(default_factory=list)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "single_instance: needs one plain Redis per role; skipped when "
+        "GATEWAY_TEST_TOPOLOGY=cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a cluster run, skip tests that need a single instance (marked, or starting their
+    own through ``redis_factory``): the single-instance run covers them."""
+    if topology.topology() != "cluster":
+        return
+    for item in items:
+        if item.get_closest_marker("single_instance"):
+            reason = "needs a single Redis instance per role"
+        elif "redis_factory" in getattr(item, "fixturenames", ()):
+            reason = "starts its own single Redis instance (redis_factory)"
+        else:
+            continue
+        item.add_marker(pytest.mark.skip(reason=f"{reason}; covered by the single-instance run"))
+
+
 @pytest.fixture(scope="session")
 def tmp_root() -> Iterator[Path]:
     # Short path: unix sockets must fit in 108 bytes.
@@ -66,17 +88,13 @@ def servers(tmp_root: Path) -> Iterator[ServerSet]:
         durable_url = env.get("GATEWAY_TEST_DURABLE_URL")
         durable = None
         if not durable_url:
-            durable = embedded.RedisServer("durable", tmp_root / "durable",
-                                           embedded.new_password()).start()
-            started.append(durable)
-            durable_url = durable.url
+            durable_url, durable, running = topology.start_redis("durable", tmp_root / "durable")
+            started.append(running)
         cache_url = env.get("GATEWAY_TEST_CACHE_URL")
         cache = None
         if not cache_url:
-            cache = embedded.RedisServer("cache", tmp_root / "cache",
-                                         embedded.new_password()).start()
-            started.append(cache)
-            cache_url = cache.url
+            cache_url, cache, running = topology.start_redis("cache", tmp_root / "cache")
+            started.append(running)
         database_url = env.get("GATEWAY_TEST_DATABASE_URL")
         postgres = None
         if not database_url:

@@ -1,0 +1,223 @@
+"""Redis topologies beyond one instance, for the test fixtures: a local three-master Redis
+Cluster per role, and a Sentinel-watched master/replica pair.
+
+Every node is a :class:`gateway.embedded.RedisServer` started with the role's
+``deploy/redis/*.conf`` plus the overrides that make it a cluster node or a replica, so the
+cluster runs the same memory and persistence policy as the single instance it replaces.
+
+``GATEWAY_TEST_TOPOLOGY=cluster`` makes the session ``servers`` fixture use clusters
+(tests/conftest.py); the sentinel pair is started only by the tests that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+from gateway import embedded
+
+TOPOLOGY_ENV = "GATEWAY_TEST_TOPOLOGY"
+TOPOLOGIES = ("single", "cluster")
+
+
+def topology() -> str:
+    """The topology the session runs on: ``single`` (default) or ``cluster``."""
+    value = os.environ.get(TOPOLOGY_ENV, "single").strip().lower() or "single"
+    if value not in TOPOLOGIES:
+        raise ValueError(f"{TOPOLOGY_ENV} must be one of {', '.join(TOPOLOGIES)}, not {value!r}")
+    return value
+
+
+def _redis_cli() -> str:
+    found = shutil.which("redis-cli") or shutil.which("valkey-cli")
+    if not found:
+        raise embedded.EmbeddedError("redis-cli (or valkey-cli) is needed to create a cluster")
+    return found
+
+
+def command(port: int, password: str, *args: str, timeout: float = 2.0) -> str:
+    """One command to one node, answer as text: used while a cluster forms or a failover
+    runs, where the cluster/sentinel clients under test must not be the probe."""
+    with redis.Redis(port=port, password=password or None, socket_timeout=timeout,
+                     socket_connect_timeout=timeout, decode_responses=True) as conn:
+        return str(conn.execute_command(*args))
+
+
+@dataclass
+class LocalCluster:
+    """Three (or more) masters, no replicas, one role's configuration on every node."""
+
+    role: embedded.Role
+    root: Path
+    password: str
+    masters: int = 3
+    nodes: list[embedded.RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        first = self.nodes[0]
+        return f"redis+cluster://:{quote(self.password, safe='')}@127.0.0.1:{first.port}/"
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        try:
+            for index in range(self.masters):
+                node = embedded.RedisServer(
+                    self.role, self.root / f"{self.role}-{index}", self.password,
+                    overrides={
+                        "cluster-enabled": "yes",
+                        # The bus port is explicit: port+10000 may be taken or above 65535.
+                        "cluster-port": str(embedded.free_port()),
+                        "cluster-config-file": "nodes.conf",
+                        "cluster-node-timeout": "5000",
+                        # A test cluster has no replicas: keep answering for the slots we have.
+                        "cluster-require-full-coverage": "no",
+                    })
+                self.nodes.append(node.start())
+            self._create(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _create(self, timeout: float) -> None:
+        args = [_redis_cli(), "--cluster", "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas", "0", "--cluster-yes"]
+        env = {**os.environ, "REDISCLI_AUTH": self.password}  # keeps it off the command line
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
+                                stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            raise embedded.EmbeddedError(
+                f"redis-cli --cluster create failed: {result.stdout[-1500:]}{result.stderr}")
+        embedded.wait_until(self.healthy, timeout, f"{self.role} cluster state ok")
+
+    def healthy(self) -> bool:
+        """Every node says cluster_state:ok and knows every other node."""
+        for port in self.ports:
+            try:
+                info = command(port, self.password, "CLUSTER", "INFO")
+            except OSError:
+                return False
+            if ("cluster_state:ok" not in info
+                    or f"cluster_known_nodes:{self.masters}" not in info):
+                return False
+        return True
+
+    def stop(self) -> None:
+        embedded.stop_all(self.nodes)
+
+
+@dataclass
+class SentinelSet:
+    """A master, one replica and one sentinel watching them under ``service``.
+
+    One sentinel with quorum 1 is enough to test client discovery and a ``SENTINEL FAILOVER``
+    (which needs no quorum); production runs three or more on separate hosts.
+    """
+
+    root: Path
+    password: str
+    service: str = "gateway-durable"
+    role: embedded.Role = "durable"
+    master: embedded.RedisServer | None = None
+    replica: embedded.RedisServer | None = None
+    sentinel_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return (f"redis+sentinel://:{quote(self.password, safe='')}@"
+                f"127.0.0.1:{self.sentinel_port}/{self.service}")
+
+    @property
+    def servers(self) -> Sequence[embedded.RedisServer]:
+        return [s for s in (self.master, self.replica) if s is not None]
+
+    def start(self, timeout: float = 30.0) -> SentinelSet:
+        try:
+            self.master = embedded.RedisServer(
+                self.role, self.root / "master", self.password,
+                overrides={"masterauth": self.password}).start()
+            self.replica = embedded.RedisServer(
+                self.role, self.root / "replica", self.password,
+                overrides={"masterauth": self.password,
+                           "replicaof": f"127.0.0.1 {self.master.port}"}).start()
+            embedded.wait_until(self._replica_synced, timeout, "replica in sync")
+            self._start_sentinel(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _replica_synced(self) -> bool:
+        assert self.replica is not None
+        return "master_link_status:up" in command(self.replica.port, self.password,
+                                                  "INFO", "replication")
+
+    def _start_sentinel(self, timeout: float) -> None:
+        assert self.master is not None
+        directory = self.root / "sentinel"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.sentinel_port = embedded.free_port()
+        conf = directory / "sentinel.conf"
+        # Sentinel rewrites its file at run time, so it is generated, never a checked-in file.
+        conf.write_text("\n".join([
+            "bind 127.0.0.1",
+            f"port {self.sentinel_port}",
+            f"dir {directory}",
+            f"requirepass {self.password}",
+            f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 1",
+            f"sentinel auth-pass {self.service} {self.password}",
+            f"sentinel down-after-milliseconds {self.service} 2000",
+            f"sentinel failover-timeout {self.service} 10000",
+            "",
+        ]))
+        log = directory / "sentinel.log"
+        self.proc = subprocess.Popen(
+            [self.master.binary, str(conf), "--sentinel", "--logfile", str(log)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=embedded._die_with_parent,
+        )
+        embedded.wait_until(self._sentinel_sees_replica, timeout, "sentinel", self.proc, log)
+
+    def _sentinel_sees_replica(self) -> bool:
+        try:
+            answer = command(self.sentinel_port, self.password,
+                             "SENTINEL", "REPLICAS", self.service)
+        except OSError:
+            return False
+        assert self.replica is not None
+        return str(self.replica.port) in answer
+
+    def sentinel(self, *args: str) -> str:
+        return command(self.sentinel_port, self.password, "SENTINEL", *args)
+
+    def stop(self) -> None:
+        embedded._terminate(self.proc, 15, 10.0)
+        self.proc = None
+        embedded.stop_all(self.servers)
+
+
+Started = tuple[str, embedded.RedisServer | None, embedded.RedisServer | LocalCluster]
+
+
+def start_redis(role: embedded.Role, directory: Path) -> Started:
+    """One role's Redis for the session, on the topology ``GATEWAY_TEST_TOPOLOGY`` names:
+    ``(url, single server or None, what to stop)``."""
+    password = embedded.new_password()
+    if topology() == "cluster":
+        cluster = LocalCluster(role, directory, password).start()
+        return cluster.url, None, cluster
+    server = embedded.RedisServer(role, directory, password).start()
+    return server.url, server, server
