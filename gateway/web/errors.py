@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # How long a sender should wait before retrying when a store refuses or is unreachable.
@@ -49,7 +49,9 @@ def backpressure(detail: str) -> ApiError:
 
 def store_error(exc: Exception) -> ApiError | None:
     """Map a Redis failure to the answer DESIGN §1 prescribes, or None if it is not one."""
-    if isinstance(exc, ResponseError) and str(exc).startswith("OOM"):
+    # redis-py strips the "OOM" prefix when it raises OutOfMemoryError.
+    if isinstance(exc, OutOfMemoryError) or (
+            isinstance(exc, ResponseError) and str(exc).startswith("OOM")):
         return backpressure("redis-durable is at maxmemory; retry later")
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
         return ApiError(503, "store_unavailable", "a store is unreachable; retry later",
