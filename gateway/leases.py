@@ -106,4 +106,4 @@ async def current(redis: AnyRedis, name: str) -> tuple[str, int] | None:
     holder, token = await redis.hmget(lease_key(name), ["holder", "token"])
     if holder is None or token is None:
         return None
-    return holder, int(token)
+    return str(holder), int(token)
