@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import keys
+from tests.fakes.waiting import wait_until
 
-
-async def wait_until(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 10.0,
-                     interval: float = 0.02, message: str = "condition") -> Any:
-    """Poll ``predicate`` (sync or async) until truthy; fail with ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message}")
-        await asyncio.sleep(interval)
+__all__ = ["registry_violations", "wait_until"]
 
 
 async def registry_violations(client: Any, instance: str) -> list[str]:
