@@ -1,0 +1,222 @@
+"""Enqueue into the pipeline and act on leases: thin typed wrappers over the Lua scripts.
+
+Everything that changes queue state is one script call, so every transition is atomic and
+takes its time from Redis. Other components use ``enqueue`` / ``queue_add`` (ADD inside a
+caller's pipeline, e.g. together with a dedup claim) and ``job_status``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.pipeline import metrics
+from gateway.pipeline.scripts import scripts_for
+from gateway.pipeline.stages import (
+    DEDUP_WINDOW_MS,
+    EPOCH_MS,
+    PRIORITY_BASE,
+    RECLAIM_BASE,
+    STAGES,
+    TYPE_BONUS,
+    check_stage,
+    dead_key,
+    deadline_key,
+    delayed_key,
+    doc_key,
+    lease_key,
+    meta_key,
+    next_stage,
+    ready_key,
+    seen_key,
+    stats_key,
+)
+from gateway.redis_clients import AnyRedis
+
+# How many expired dedup entries one ADD trims, and due retries one FETCH promotes: bounded
+# work per script call (a long script blocks every client of the instance).
+TRIM_BATCH = 100
+PROMOTE_BATCH = 100
+
+
+class LeaseResult(enum.IntEnum):
+    """Answers of HEARTBEAT / COMPLETE / FAIL."""
+
+    OK = 1
+    NOT_LEASED = -1  # nobody holds the item (reclaimed, completed or failed meanwhile)
+    NOT_OWNER = -2  # another worker's token holds it: this worker is a zombie
+
+
+@dataclass(frozen=True)
+class Lease:
+    item_id: str
+    stage: str
+    token: str
+    worker: str
+    started_ms: int
+    document: dict[str, Any] | None
+    base: float
+    bonus: float
+    failures: int
+    reclaims: int
+
+
+def _priority(priority: str, doc_type: str) -> tuple[int, int]:
+    if priority not in PRIORITY_BASE:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITY_BASE)}")
+    if doc_type not in TYPE_BONUS:
+        raise ValueError(f"type must be one of {', '.join(TYPE_BONUS)}")
+    return PRIORITY_BASE[priority], TYPE_BONUS[doc_type]
+
+
+def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "normal",
+             doc_type: str = "other", *, stage: str = "store",
+             force: bool = False) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``."""
+    if not item_id or not isinstance(item_id, str):
+        raise ValueError("item_id must be a non-empty string")
+    base, bonus = _priority(priority, doc_type)
+    check_stage(stage)
+    payload = "" if document is None else json.dumps(document, separators=(",", ":"))
+    keys = [seen_key(), meta_key(), doc_key(), ready_key(stage), stats_key(stage)]
+    args = [item_id, payload, str(base), str(bonus), str(DEDUP_WINDOW_MS),
+            "1" if force else "0", stage, str(EPOCH_MS), str(TRIM_BATCH)]
+    return keys, args
+
+
+async def queue_add(pipe: Any, item_id: str, document: dict[str, Any], *,
+                    priority: str = "normal", doc_type: str = "other") -> None:
+    """Queue ADD onto a ``redis.asyncio`` pipeline; its result is 1 (new) or 0 (duplicate).
+
+    redis-py makes sure the script exists (``SCRIPT EXISTS``/``LOAD``) before the pipeline
+    executes, so this survives a ``SCRIPT FLUSH`` or a restart.
+    """
+    keys, args = add_call(item_id, document, priority, doc_type)
+    await scripts_for(pipe).add(keys=keys, args=args, client=pipe)
+
+
+async def enqueue(durable: AnyRedis, item_id: str, document: dict[str, Any], *,
+                  priority: str = "normal", doc_type: str = "other") -> bool:
+    """ADD into the store stage: True if newly enqueued, False if seen within 7 days."""
+    keys, args = add_call(item_id, document, priority, doc_type)
+    added = bool(await scripts_for(durable).add(keys=keys, args=args))
+    if added:
+        metrics.ENQUEUED.labels("store").inc()
+    return added
+
+
+async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: str,
+                     doc_type: str, document: dict[str, Any] | None = None) -> bool:
+    """Put an item back at ``stage`` ignoring the dedup window (recover); never duplicates an
+    item still present in Redis."""
+    keys, args = add_call(item_id, document, priority, doc_type, stage=stage, force=True)
+    added = bool(await scripts_for(durable).add(keys=keys, args=args))
+    if added:
+        metrics.ENQUEUED.labels(stage).inc()
+    return added
+
+
+async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Lease | None:
+    """Pop the best item of ``stage`` under a fresh fencing token, or None when empty.
+
+    A FETCH retried after a lost reply may pop a second item under a token nobody knows;
+    that item is not lost, only late: RECLAIM returns it when its lease expires.
+    """
+    token = uuid.uuid4().hex
+    keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
+            meta_key(), doc_key()]
+    reply = await scripts_for(durable).fetch(
+        keys=keys, args=[worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS)])
+    if not reply:
+        return None
+    item, started, payload, base, bonus, failures, reclaims = reply
+    return Lease(item, stage, token, worker, int(started),
+                 json.loads(payload) if payload else None,
+                 float(base), float(bonus), int(failures), int(reclaims))
+
+
+async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResult:
+    reply = await scripts_for(durable).heartbeat(
+        keys=[lease_key(lease.stage), deadline_key(lease.stage)],
+        args=[lease.item_id, lease.token, str(lease_ms)])
+    return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
+
+
+def complete_call(lease: Lease) -> tuple[list[str], list[str]]:
+    stage = lease.stage
+    after = next_stage(stage)
+    keys = [lease_key(stage), deadline_key(stage), meta_key(), doc_key(), stats_key(stage)]
+    if after:
+        keys += [ready_key(after), stats_key(after)]
+    args = [lease.item_id, lease.token, after or "", str(EPOCH_MS),
+            "1" if stage == "store" else "0"]
+    return keys, args
+
+
+async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
+    """Acknowledge the stage; the item moves to the next one (graph is final)."""
+    keys, args = complete_call(lease)
+    return LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    result: LeaseResult
+    dead: bool = False
+    ready_at_ms: int | None = None
+
+
+async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: int,
+               backoff_ms: int = 1000, backoff_cap_ms: int = 300_000) -> FailOutcome:
+    """Retry after exponential backoff with jitter, or dead-letter after ``max_failures``."""
+    stage = lease.stage
+    reply = await scripts_for(durable).fail(
+        keys=[lease_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
+              meta_key(), stats_key(stage)],
+        args=[lease.item_id, lease.token, str(max_failures), str(backoff_ms),
+              str(backoff_cap_ms), repr(random.random()), reason[:500]])
+    if not isinstance(reply, list):
+        return FailOutcome(LeaseResult(int(reply)))
+    kind, when = reply
+    return FailOutcome(LeaseResult.OK, dead=kind == "dead",
+                       ready_at_ms=None if kind == "dead" else int(when))
+
+
+async def reclaim(durable: AnyRedis, stage: str, *, max_reclaims: int,
+                  batch: int = 100) -> tuple[int, int, bool]:
+    """One bounded RECLAIM pass: (returned to the stage, dead-lettered, more may be due)."""
+    back, dead, more = await scripts_for(durable).reclaim(
+        keys=[lease_key(stage), deadline_key(stage), ready_key(stage), dead_key(stage),
+              meta_key(), stats_key(stage)],
+        args=[str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)])
+    return int(back), int(dead), bool(int(more))
+
+
+async def reclaim_all(durable: AnyRedis, *, max_reclaims: int, batch: int = 100,
+                      max_passes: int = 100) -> dict[str, tuple[int, int]]:
+    """RECLAIM every stage in bounded batches until nothing more is due."""
+    totals: dict[str, tuple[int, int]] = {}
+    for stage in STAGES:
+        back_sum = dead_sum = 0
+        for _ in range(max_passes):
+            back, dead, more = await reclaim(durable, stage, max_reclaims=max_reclaims,
+                                             batch=batch)
+            back_sum, dead_sum = back_sum + back, dead_sum + dead
+            if not more:
+                break
+        if back_sum or dead_sum:
+            metrics.RECLAIMED.labels(stage).inc(back_sum + dead_sum)
+        if dead_sum:
+            metrics.DEAD_LETTERED.labels(stage).inc(dead_sum)
+        totals[stage] = (back_sum, dead_sum)
+    return totals
+
+
+__all__ = ["Lease", "LeaseResult", "add_call", "complete", "enqueue", "enqueue_at", "fail",
+           "fetch", "heartbeat", "job_status", "queue_add", "reclaim", "reclaim_all"]
+
+from gateway.pipeline.status import job_status  # noqa: E402  (re-exported for callers)

@@ -1,0 +1,47 @@
+"""The pipeline's Lua scripts: read from ``lua/*.lua`` with the shared prelude prepended,
+registered once per client and called by SHA (redis-py reloads them on ``NOSCRIPT``, and a
+pipeline checks ``SCRIPT EXISTS`` before it executes)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.redis_clients import AnyRedis
+
+LUA_DIR = Path(__file__).parent / "lua"
+NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue")
+
+
+def source(name: str) -> str:
+    prelude = (LUA_DIR / "_prelude.lua").read_text()
+    return prelude + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+_SOURCES = {name: source(name) for name in NAMES}
+
+
+@dataclass(frozen=True)
+class Scripts:
+    add: Any
+    fetch: Any
+    heartbeat: Any
+    complete: Any
+    fail: Any
+    reclaim: Any
+    requeue: Any
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
+
+
+def scripts_for(client: AnyRedis) -> Scripts:
+    """The script objects bound to ``client`` (built once per client)."""
+    found = _CACHE.get(client)
+    if found is None:
+        found = Scripts(**{name: client.register_script(text)
+                           for name, text in _SOURCES.items()})
+        _CACHE[client] = found
+    return found

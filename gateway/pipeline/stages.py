@@ -1,0 +1,66 @@
+"""Stage names, priorities and the pipeline's key layout (all under ``q:{pipeline}:``)."""
+
+from __future__ import annotations
+
+from gateway import keys
+
+STAGES: tuple[str, ...] = ("store", "chunk", "embed", "graph")
+# DESIGN §3: lower score pops first.
+PRIORITY_BASE = {"critical": 10, "high": 50, "normal": 100}
+RECLAIM_BASE = 10
+TYPE_BONUS = {"api_docs": 5, "code": 3, "other": 0}
+# Fixed EPOCH of the stored score base - bonus + 0.001 * (t - EPOCH): 2026-01-01T00:00:00Z.
+EPOCH_MS = 1_767_225_600_000
+DEDUP_WINDOW_MS = 7 * 24 * 3600 * 1000
+
+
+def next_stage(stage: str) -> str | None:
+    index = STAGES.index(stage)
+    return STAGES[index + 1] if index + 1 < len(STAGES) else None
+
+
+def check_stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    return stage
+
+
+# Pipeline-wide keys.
+def seen_key() -> str:
+    """ZSET item -> first-seen ms: the 7-day dedup window, trimmed by score inside ADD."""
+    return keys.q("seen")
+
+
+def meta_key() -> str:
+    """HASH item -> "stage|status|base|bonus|failures|reclaims" for every item in flight."""
+    return keys.q("meta")
+
+
+def doc_key() -> str:
+    """HASH item -> document JSON, until the store stage has persisted it to PostgreSQL."""
+    return keys.q("doc")
+
+
+# Per-stage keys.
+def ready_key(stage: str) -> str:
+    return keys.q("ready", stage)
+
+
+def lease_key(stage: str) -> str:
+    return keys.q("lease", stage)
+
+
+def deadline_key(stage: str) -> str:
+    return keys.q("deadline", stage)
+
+
+def delayed_key(stage: str) -> str:
+    return keys.q("delayed", stage)
+
+
+def dead_key(stage: str) -> str:
+    return keys.q("dead", stage)
+
+
+def stats_key(stage: str) -> str:
+    return keys.q("stats", stage)

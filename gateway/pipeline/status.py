@@ -1,0 +1,76 @@
+"""Read-only views: one item's status (DESIGN §6 ``GET /v1/jobs/{id}``) and queue depths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.pipeline.stages import (
+    STAGES,
+    dead_key,
+    deadline_key,
+    delayed_key,
+    meta_key,
+    ready_key,
+)
+from gateway.redis_clients import AnyRedis
+
+_STAGE_STATE = {"q": "queued", "r": "running", "w": "retrying", "x": "dead"}
+
+
+def _from_meta(item_id: str, raw: str) -> dict[str, Any]:
+    stage, status = raw.split("|", 2)[:2]
+    here = STAGES.index(stage)
+    stages = {name: ("done" if i < here else "pending") for i, name in enumerate(STAGES)}
+    stages[stage] = _STAGE_STATE.get(status, "queued")
+    if status == "x":
+        state = "dead"
+    elif here == 0 and status == "q":
+        state = "queued"
+    else:
+        state = "running"
+    return {"item_id": item_id, "state": state, "stages": stages}
+
+
+def _from_journal(item_id: str, done: set[str], archived: bool) -> dict[str, Any] | None:
+    if not done and not archived:
+        return None
+    stages = {name: ("done" if name in done else "pending") for name in STAGES}
+    if len(done) == len(STAGES):
+        return {"item_id": item_id, "state": "done", "stages": stages}
+    first_open = next(name for name in STAGES if name not in done)
+    if archived:
+        stages[first_open] = "dead"
+        return {"item_id": item_id, "state": "dead", "stages": stages}
+    # Journaled but absent from Redis: the durable instance lost it; `gateway recover`
+    # puts it back at this stage.
+    stages[first_open] = "queued"
+    return {"item_id": item_id, "state": "running", "stages": stages}
+
+
+async def job_status(runtime: Any, item_id: str) -> dict[str, Any] | None:
+    """``{"item_id", "state", "stages"}`` or None when neither Redis nor the journal knows it."""
+    raw = await runtime.durable.hget(meta_key(), item_id)
+    if raw is not None:
+        return _from_meta(item_id, raw)
+    async with runtime.pg.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT stage FROM pipeline_journal WHERE item_id = $1", item_id)
+        archived = await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pipeline_dead_letters WHERE item_id = $1)", item_id)
+    return _from_journal(item_id, {r["stage"] for r in rows}, bool(archived))
+
+
+async def queue_depths(durable: AnyRedis) -> dict[str, Any]:
+    """``{"stages": {stage: {"ready", "inflight", "delayed", "dead"}}}`` in one round trip."""
+    async with durable.pipeline(transaction=False) as pipe:
+        for stage in STAGES:
+            pipe.zcard(ready_key(stage))
+            pipe.zcard(deadline_key(stage))
+            pipe.zcard(delayed_key(stage))
+            pipe.llen(dead_key(stage))
+        counts = await pipe.execute()
+    stages = {}
+    for i, stage in enumerate(STAGES):
+        ready, inflight, delayed, dead = counts[4 * i: 4 * i + 4]
+        stages[stage] = {"ready": ready, "inflight": inflight, "delayed": delayed, "dead": dead}
+    return {"stages": stages}

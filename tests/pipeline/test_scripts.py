@@ -1,0 +1,216 @@
+"""The Lua scripts on a real redis-durable: priority order, dedup, leases, fencing, retries,
+reclaim, dead letters, SCRIPT FLUSH."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gateway import keys
+from gateway.pipeline import queue
+from gateway.pipeline.scripts import scripts_for
+from gateway.pipeline.stages import (
+    EPOCH_MS,
+    PRIORITY_BASE,
+    TYPE_BONUS,
+    dead_key,
+    deadline_key,
+    delayed_key,
+    meta_key,
+    ready_key,
+    seen_key,
+)
+from gateway.pipeline.status import queue_depths
+from tests.helpers import registry_violations, wait_until
+
+DOC = {"text": "hello"}
+
+
+async def test_enqueue_dedups_per_item_for_seven_days(runtime):
+    durable = runtime.durable
+    assert await queue.enqueue(durable, "a", DOC) is True
+    assert await queue.enqueue(durable, "a", DOC) is False
+    # Completed items stay deduplicated: the seen entry outlives the queue entry.
+    await durable.hdel(meta_key(), "a")
+    await durable.zrem(ready_key("store"), "a")
+    assert await queue.enqueue(durable, "a", DOC) is False
+    first_seen = int(await durable.zscore(seen_key(), "a"))
+    # An entry older than the window is trimmed by the next ADD, so the item is new again.
+    await durable.zadd(seen_key(), {"a": first_seen - 7 * 24 * 3600 * 1000 - 1})
+    assert await queue.enqueue(durable, "b", DOC) is True
+    assert await durable.zscore(seen_key(), "a") is None
+    assert await queue.enqueue(durable, "a", DOC) is True
+    assert await registry_violations(durable, "durable") == []
+
+
+async def test_bad_priority_or_type_is_refused_before_redis(runtime):
+    with pytest.raises(ValueError):
+        await queue.enqueue(runtime.durable, "x", DOC, priority="urgent")
+    with pytest.raises(ValueError):
+        await queue.enqueue(runtime.durable, "x", DOC, doc_type="pdf")
+    assert await runtime.durable.dbsize() == 0
+
+
+async def test_pop_order_equals_seed_formula(runtime):
+    """Enqueue times are simulated by shifting the EPOCH argument: a score computed with
+    EPOCH - d equals one computed d ms later, so items 'enqueued' hours apart need no wait."""
+    durable = runtime.durable
+    rng = random.Random(7)
+    add = scripts_for(durable).add
+    items = []
+    for i in range(40):
+        priority = rng.choice(list(PRIORITY_BASE))
+        doc_type = rng.choice(list(TYPE_BONUS))
+        offset_ms = rng.randrange(0, 48 * 3600 * 1000)  # enqueued up to 48 h later
+        k, a = queue.add_call(f"i{i}", DOC, priority, doc_type)
+        a[7] = str(EPOCH_MS - offset_ms)
+        assert await add(keys=k, args=a) == 1
+        items.append((f"i{i}", PRIORITY_BASE[priority], TYPE_BONUS[doc_type], offset_ms))
+    now_s = 1e9  # any instant after all enqueues: `now` cancels between items
+
+    def formula(item):
+        _, base, bonus, offset_ms = item
+        enqueued_s = offset_ms / 1000
+        return base - 0.001 * (now_s - enqueued_s) - bonus
+
+    expected = [it[0] for it in sorted(items, key=formula)]
+    popped = []
+    while (lease := await queue.fetch(durable, "store", "w", 60_000)) is not None:
+        popped.append(lease.item_id)
+    assert popped == expected
+
+
+async def test_complete_moves_through_all_stages_and_drops_payload(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high", doc_type="code")
+    for stage in ("store", "chunk", "embed", "graph"):
+        lease = await queue.fetch(durable, stage, "w1", 60_000)
+        assert lease is not None and lease.item_id == "a"
+        assert (lease.document == DOC) == (stage == "store")
+        assert (lease.base, lease.bonus) == (50, 3)
+        assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    assert await durable.hlen(meta_key()) == 0
+    assert await durable.exists(keys.q("doc")) == 0
+    depths = await queue_depths(durable)
+    assert all(v == 0 for s in depths["stages"].values() for v in s.values())
+
+
+async def test_only_the_token_holder_acts(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    lease = await queue.fetch(durable, "store", "w1", 60_000)
+    assert lease is not None
+    forged = queue.Lease(**{**lease.__dict__, "token": "not-mine"})
+    assert await queue.heartbeat(durable, forged, 60_000) is queue.LeaseResult.NOT_OWNER
+    assert await queue.complete(durable, forged) is queue.LeaseResult.NOT_OWNER
+    out = await queue.fail(durable, forged, "x", max_failures=3)
+    assert out.result is queue.LeaseResult.NOT_OWNER
+    assert await queue.heartbeat(durable, lease, 60_000) is queue.LeaseResult.OK
+    assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    # Once completed, nobody holds it any more: a retried COMPLETE is refused, not repeated.
+    assert await queue.complete(durable, lease) is queue.LeaseResult.NOT_LEASED
+    assert await durable.zcard(ready_key("chunk")) == 1
+
+
+async def test_zombie_complete_after_reclaim_is_refused(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    zombie = await queue.fetch(durable, "store", "w1", 1)  # 1 ms lease: expired at once
+    assert zombie is not None
+    await wait_until(lambda: _reclaimed(durable, 3), message="reclaim of the expired lease")
+    fresh = await queue.fetch(durable, "store", "w2", 60_000)
+    assert fresh is not None and fresh.item_id == "a" and fresh.reclaims == 1
+    assert fresh.base == 10  # reclaimed items come back with base 10
+    assert await queue.complete(durable, zombie) is queue.LeaseResult.NOT_OWNER
+    assert await queue.heartbeat(durable, zombie, 60_000) is queue.LeaseResult.NOT_OWNER
+    assert await durable.zcard(ready_key("chunk")) == 0
+    assert await queue.complete(durable, fresh) is queue.LeaseResult.OK
+    assert await durable.zrange(ready_key("chunk"), 0, -1) == ["a"]
+
+
+async def test_fail_backs_off_then_dead_letters(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    lease = await queue.fetch(durable, "store", "w1", 60_000)
+    out = await queue.fail(durable, lease, "boom", max_failures=2, backoff_ms=60_000)
+    assert out.result is queue.LeaseResult.OK and not out.dead
+    ready_at = int(await durable.zscore(delayed_key("store"), "a"))
+    time_s, time_us = await durable.time()
+    now_ms = time_s * 1000 + time_us // 1000
+    assert now_ms + 25_000 <= ready_at <= now_ms + 60_000  # half fixed, half jitter
+    assert await queue.fetch(durable, "store", "w1", 60_000) is None  # not due yet
+    assert (await queue.job_status(runtime, "a"))["stages"]["store"] == "retrying"
+    await durable.zadd(delayed_key("store"), {"a": 0})  # make it due
+    again = await queue.fetch(durable, "store", "w1", 60_000)
+    assert again is not None and again.failures == 1
+    out = await queue.fail(durable, again, "boom twice", max_failures=2)
+    assert out.dead
+    entries = [json.loads(e) for e in await durable.lrange(dead_key("store"), 0, -1)]
+    assert entries[0]["item_id"] == "a" and entries[0]["reason"] == "boom twice"
+    status = await queue.job_status(runtime, "a")
+    assert status == {"item_id": "a", "state": "dead",
+                      "stages": {"store": "dead", "chunk": "pending", "embed": "pending",
+                                 "graph": "pending"}}
+
+
+async def test_reclaim_dead_letters_after_max_reclaims(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    for round_ in range(3):
+        lease = await queue.fetch(durable, "store", f"w{round_}", 1)
+        assert lease is not None and lease.reclaims == round_
+        await wait_until(lambda: _reclaimed(durable, 2), message="reclaim")
+    assert await durable.llen(dead_key("store")) == 1
+    assert await durable.zcard(deadline_key("store")) == 0
+    assert await durable.hlen(keys.q("lease", "store")) == 0
+
+
+async def test_reclaim_is_bounded_per_call(runtime):
+    durable = runtime.durable
+    for i in range(25):
+        await queue.enqueue(durable, f"i{i}", DOC)
+        assert await queue.fetch(durable, "store", "w", 1) is not None
+    await wait_until(lambda: _all_expired(durable), message="leases expired")
+    back, dead, more = await queue.reclaim(durable, "store", max_reclaims=3, batch=10)
+    assert (back, dead, more) == (10, 0, True)
+    totals = await queue.reclaim_all(durable, max_reclaims=3, batch=10)
+    assert totals["store"] == (15, 0)
+    assert await durable.zcard(ready_key("store")) == 25
+
+
+async def _reclaimed(durable, max_reclaims: int) -> bool:
+    back, dead, _ = await queue.reclaim(durable, "store", max_reclaims=max_reclaims)
+    return back + dead > 0
+
+
+async def _all_expired(durable) -> bool:
+    time_s, time_us = await durable.time()
+    now_ms = time_s * 1000 + time_us // 1000
+    return await durable.zcount(deadline_key("store"), now_ms + 1, "+inf") == 0
+
+
+async def test_add_in_a_caller_pipeline_with_a_claim(runtime):
+    durable = runtime.durable
+    for expected in ([True, 1], [None, 0]):
+        async with durable.pipeline(transaction=False) as pipe:
+            pipe.set(keys.dedup_job("j1"), "in-progress", nx=True, ex=60)
+            await queue.queue_add(pipe, "j1", DOC, priority="critical")
+            assert await pipe.execute() == expected
+    assert await durable.zcard(ready_key("store")) == 1
+
+
+async def test_script_flush_mid_run_reloads(runtime):
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    await durable.script_flush()
+    assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    await durable.script_flush()
+    async with durable.pipeline(transaction=False) as pipe:
+        await queue.queue_add(pipe, "b", DOC)
+        assert await pipe.execute() == [1]
+    await durable.script_flush()
+    assert await queue.enqueue(durable, "c", DOC) is True
+    assert await queue.fetch(durable, "chunk", "w", 60_000) is not None
