@@ -17,6 +17,8 @@ from gateway.web.middleware import errors_and_metrics, make_size_limit
 
 COMPONENTS: tuple[str, ...] = (
     "gateway.web.health",
+    "gateway.adapters.webhooks",
+    "gateway.web.jobs",
 )
 
 

@@ -1,0 +1,55 @@
+"""How a verified webhook body becomes a pipeline document (DESIGN §6).
+
+The pipeline wants ``{"text", "title"?, "url"?}``. A webhook body is whatever JSON the sender
+chose, so it is kept whole under ``body`` (nothing the sender said is lost) and the three
+fields are derived from it: ``text`` is the body's own ``text`` string when it has one, else
+the canonical JSON of the whole body (so chunking, embedding and search still see every
+value); ``title`` and ``url`` are taken when the body carries them as strings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.adapters.signing import MalformedError
+
+_TITLE_FIELDS = ("title", "subject", "name", "type")
+_URL_FIELDS = ("url", "html_url", "link")
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON, or ``MalformedError`` naming what is wrong."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise MalformedError(f"body is not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise MalformedError(f"body is not JSON: {exc.msg} at line {exc.lineno} "
+                             f"column {exc.colno}") from None
+    except RecursionError:
+        raise MalformedError("body is nested too deeply") from None
+
+
+def _first_string(body: dict[str, Any], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = body.get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def webhook_document(source: str, delivery_id: str, body: Any) -> dict[str, Any]:
+    fields = body if isinstance(body, dict) else {}
+    text = fields.get("text")
+    if not isinstance(text, str) or not text.strip():
+        text = json.dumps(body, sort_keys=True, ensure_ascii=False)
+    document: dict[str, Any] = {"text": text, "source": source, "delivery_id": delivery_id,
+                                "body": body}
+    title = _first_string(fields, _TITLE_FIELDS)
+    if title is not None:
+        document["title"] = title
+    url = _first_string(fields, _URL_FIELDS)
+    if url is not None and url.startswith(("http://", "https://")):
+        document["url"] = url
+    return document

@@ -1,0 +1,65 @@
+"""What the generic inbound routes (webhooks, jobs) share on one application: the durable
+client's ``AutoPipeline``, the claim-and-enqueue ``Intaker``, the brute-force barrier, and
+the two request checks that come before any store is touched (content type, bounded body).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.config import Settings
+from gateway.dedup.autopipeline import AutoPipeline
+from gateway.dedup.intake import Intaker
+from gateway.runtime import Runtime
+from gateway.security.brute import BruteBarrier, BruteSettings
+from gateway.web.errors import ApiError
+
+READ_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Inbound:
+    settings: Settings
+    auto: AutoPipeline
+    intaker: Intaker
+    barrier: BruteBarrier
+
+
+INBOUND: web.AppKey[Inbound] = web.AppKey("inbound", Inbound)
+
+
+def install(app: web.Application, runtime: Runtime) -> Inbound:
+    """Create the shared state once per application (both components call this)."""
+    if INBOUND in app:
+        return app[INBOUND]
+    auto = AutoPipeline(runtime.durable)
+    inbound = Inbound(runtime.settings, auto, Intaker(auto, runtime.settings.dedup_ttl),
+                      BruteBarrier(auto, BruteSettings.from_section(
+                          runtime.settings.section("security"))))
+    app[INBOUND] = inbound
+    return inbound
+
+
+def require_json(request: web.Request) -> None:
+    """415 unless the body is declared JSON (``application/json`` or ``*/*+json``)."""
+    mime = request.content_type
+    if mime != "application/json" and not mime.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type must be application/json (got {mime or 'none'})")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body, refused with 413 as soon as it passes the limit: a chunked body carries no
+    Content-Length for the size middleware to check, so the count happens while reading."""
+    limit = request.app[INBOUND].settings.max_body_bytes
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(READ_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "payload_too_large", f"body is over the limit of {limit} bytes",
+                           {"Connection": "close"})
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,153 @@
+"""Signature schemes of inbound webhooks: Standard Webhooks, GitHub and Stripe.
+
+Each verifier takes the configured source, the request headers and the raw body, and returns
+the delivery id the sender put on the request (the dedup key) or raises ``SignatureError``.
+They are a few lines of ``hmac`` each: the official SDKs (``standardwebhooks``, ``stripe``)
+pull in HTTP clients and date parsers for the same dozen lines, and none covers all three.
+Every comparison is constant-time (``hmac.compare_digest``); timestamps are checked against a
+tolerance so a captured request cannot be replayed later.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import Callable, Mapping
+
+from gateway.config import WebhookSource
+
+TOLERANCE_SECONDS = 5 * 60
+# A delivery id becomes part of a Redis key: printable ASCII without spaces, bounded.
+MAX_ID_LENGTH = 200
+
+
+class SignatureError(Exception):
+    """The request is not provably from the configured sender (answer 401)."""
+
+
+class MalformedError(Exception):
+    """The request is signed correctly but unusable as sent (answer 400)."""
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if not value:
+        raise SignatureError(f"missing {name} header")
+    return value
+
+
+def _check_id(delivery_id: str, header: str) -> str:
+    if len(delivery_id) > MAX_ID_LENGTH or not all(33 <= ord(c) < 127 for c in delivery_id):
+        raise MalformedError(f"{header} must be 1-{MAX_ID_LENGTH} printable ASCII characters")
+    return delivery_id
+
+
+def _check_timestamp(text: str, now: float, header: str) -> int:
+    try:
+        timestamp = int(text)
+    except ValueError:
+        raise SignatureError(f"{header} is not a Unix timestamp") from None
+    if abs(now - timestamp) > TOLERANCE_SECONDS:
+        raise SignatureError(f"{header} is outside the {TOLERANCE_SECONDS} s tolerance")
+    return timestamp
+
+
+def _hmac(key: bytes, *parts: bytes) -> bytes:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
+
+
+# --- Standard Webhooks (standardwebhooks.com) ------------------------------------------------
+
+
+def standard_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256 of id.timestamp.body>``."""
+    digest = _hmac(key, f"{msg_id}.{timestamp}.".encode(), body)
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def sign_standard(secret_key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers a Standard Webhooks sender puts on a request."""
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": standard_signature(secret_key, msg_id, timestamp, body),
+    }
+
+
+def verify_standard(source: WebhookSource, headers: Mapping[str, str], body: bytes,
+                    now: float) -> str:
+    msg_id = _header(headers, "webhook-id")
+    timestamp = _check_timestamp(_header(headers, "webhook-timestamp"), now, "webhook-timestamp")
+    expected = standard_signature(source.key_bytes(), msg_id, timestamp, body).encode()
+    # Several space-separated signatures let a sender rotate its secret without downtime.
+    offered = _header(headers, "webhook-signature").split()
+    if not any(hmac.compare_digest(expected, sig.encode("utf-8", "replace"))
+               for sig in offered if sig.startswith("v1,")):
+        raise SignatureError("no matching v1 signature in webhook-signature")
+    return _check_id(msg_id, "webhook-id")
+
+
+# --- GitHub ----------------------------------------------------------------------------------
+
+
+def github_signature(secret: bytes, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify_github(source: WebhookSource, headers: Mapping[str, str], body: bytes,
+                  now: float) -> str:
+    """``X-Hub-Signature-256: sha256=<hex>`` over the body; GitHub signs no timestamp, so
+    replays are stopped only by dedup on ``X-GitHub-Delivery``."""
+    delivery = _header(headers, "X-GitHub-Delivery")
+    offered = _header(headers, "X-Hub-Signature-256").strip()
+    expected = github_signature(source.key_bytes(), body)
+    if not hmac.compare_digest(expected.encode(), offered.encode("utf-8", "replace")):
+        raise SignatureError("X-Hub-Signature-256 does not match")
+    return _check_id(delivery, "X-GitHub-Delivery")
+
+
+# --- Stripe ----------------------------------------------------------------------------------
+
+
+def stripe_signature(secret: bytes, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def sign_stripe(secret: bytes, timestamp: int, body: bytes) -> dict[str, str]:
+    return {"Stripe-Signature": f"t={timestamp},v1={stripe_signature(secret, timestamp, body)}"}
+
+
+def verify_stripe(source: WebhookSource, headers: Mapping[str, str], body: bytes,
+                  now: float) -> str:
+    """``Stripe-Signature: t=<ts>,v1=<hex>[,v1=<hex>...]`` over ``t.body``. The delivery id
+    is the SHA-256 of the signed body: Stripe's event id lives inside the JSON, and a resent
+    event carries the same body."""
+    fields: dict[str, list[str]] = {}
+    for item in _header(headers, "Stripe-Signature").split(","):
+        name, _, value = item.strip().partition("=")
+        fields.setdefault(name, []).append(value)
+    timestamp = _check_timestamp((fields.get("t") or [""])[0], now, "Stripe-Signature t")
+    expected = stripe_signature(source.key_bytes(), timestamp, body).encode()
+    if not any(hmac.compare_digest(expected, sig.encode("utf-8", "replace"))
+               for sig in fields.get("v1", [])):
+        raise SignatureError("no matching v1 signature in Stripe-Signature")
+    return "sha256-" + hashlib.sha256(body).hexdigest()
+
+
+Verifier = Callable[[WebhookSource, Mapping[str, str], bytes, float], str]
+VERIFIERS: dict[str, Verifier] = {
+    "standard": verify_standard,
+    "github": verify_github,
+    "stripe": verify_stripe,
+}
+
+
+def verify(source: WebhookSource, headers: Mapping[str, str], body: bytes,
+           now: float | None = None) -> str:
+    """The delivery id of a correctly signed request; ``SignatureError`` otherwise."""
+    return VERIFIERS[source.scheme](source, headers, body, time.time() if now is None else now)

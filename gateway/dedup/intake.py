@@ -1,0 +1,112 @@
+"""Claim and enqueue in one round trip: the inbound path's only write.
+
+One batch on the shared ``AutoPipeline`` carries ``SET <claim> in-progress NX EX ttl`` and the
+pipeline's ADD script for the item. ADD is itself idempotent per item id (its 7-day seen
+window), so the item is accepted exactly when ADD answers 1, whoever holds the claim:
+
+* claim won, ADD 1: accepted; the claim becomes ``done``.
+* ADD 0: a duplicate (the item is already in the pipeline); a won claim becomes ``done``.
+* claim won, ADD failed (maxmemory, lost connection, injected fault): the claim is released
+  so the sender's retry is processed, and the error goes up (503 + Retry-After).
+* claim lost, ADD failed: a duplicate; the claim's holder answers for the item.
+
+Because ADD runs even behind a lost claim, a claim stuck ``in-progress`` (its release failed
+along with the store) cannot swallow the retry of a delivery that was never enqueued. On
+Redis Cluster the claim and ADD hash to different slots; the ``AutoPipeline`` then sends each
+batch as a cluster pipeline (one round trip per node) instead of coalescing requests.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import secrets
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from gateway.dedup import claims
+from gateway.dedup.autopipeline import AutoPipeline
+from gateway.pipeline import metrics
+from gateway.pipeline.queue import add_call
+from gateway.pipeline.scripts import scripts_for
+
+log = logging.getLogger("gateway.intake")
+
+
+class Intake(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+
+
+class Intaker:
+    """Submits items for one Redis client; ``ttl`` is the dedup window of the claims."""
+
+    def __init__(self, auto: AutoPipeline, ttl: int) -> None:
+        self.auto = auto
+        self.ttl = ttl
+        self._add = scripts_for(auto.redis).add
+
+    async def submit(self, claim_key: str | None, item_id: str, document: dict[str, Any], *,
+                     priority: str = "normal", doc_type: str = "other") -> Intake:
+        """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue."""
+        add_keys, add_args = add_call(item_id, document, priority, doc_type)
+        token = f"{claims.IN_PROGRESS}:{secrets.token_hex(8)}"
+
+        def build(pipe: Any) -> None:
+            if claim_key is not None:
+                pipe.set(claim_key, token, nx=True, ex=self.ttl)
+            # EVALSHA directly: a script object on a pipeline costs a SCRIPT EXISTS per flush.
+            pipe.evalsha(self._add.sha, len(add_keys), *add_keys, *add_args)
+
+        replies = await self._batch(build, claim_key, token)
+        added = replies[-1]
+        claim_reply = replies[0] if claim_key is not None else None
+        won = claim_reply is True
+        if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
+            added = await _result(self._add(keys=add_keys, args=add_args))
+        if isinstance(added, Exception):
+            if claim_key is not None and claim_reply is None:
+                return Intake.DUPLICATE  # held by another delivery, which answers for it
+            if won:
+                await self._release(claim_key, token)
+            raise added
+        if claim_key is not None and (won or int(added)):
+            await self._mark_done(claim_key)
+        if int(added):
+            metrics.ENQUEUED.labels("store").inc()
+            return Intake.ACCEPTED
+        return Intake.DUPLICATE
+
+    async def _mark_done(self, claim_key: str) -> None:
+        try:
+            await self.auto.execute("SET", claim_key, claims.DONE, "EX", self.ttl)
+        except Exception as exc:
+            # The item is queued either way; an in-progress claim still expires, and ADD's
+            # own window keeps rejecting the item meanwhile.
+            log.warning("could not mark %s done: %s", claim_key, type(exc).__name__)
+
+    async def _batch(self, build: Any, claim_key: str | None, token: str) -> list[Any]:
+        try:
+            return await self.auto.batch(build)
+        except Exception:
+            # The round trip failed: whether the claim was taken is unknown; drop it if so.
+            await self._release(claim_key, token)
+            raise
+
+    async def _release(self, claim_key: str | None, token: str) -> None:
+        if claim_key is None:
+            return
+        try:
+            await claims.release(self.auto.redis,
+                                 claims.Claim(claim_key, token, claims.Outcome.CLAIMED))
+        except Exception as exc:  # the store is down: the claim expires, ADD still decides
+            log.warning("could not release %s: %s", claim_key, type(exc).__name__)
+
+
+async def _result(call: Any) -> Any:
+    """The awaited value, or the exception as a value (like a pipeline reply)."""
+    try:
+        return await call
+    except Exception as exc:
+        return exc

@@ -1,0 +1,1 @@
+"""Defences shared by the inbound adapters (the brute-force barrier on bad signatures)."""
