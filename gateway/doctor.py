@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import asyncpg
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from gateway import redis_clients
@@ -33,26 +34,34 @@ class Check:
         return f"{self.status:<4} {self.subject}: {self.message}"
 
 
+def _every_node(client: AnyRedis) -> dict[str, Any]:
+    """On a cluster, ask every node: one misconfigured node can evict or lose its slots."""
+    return {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
+
+
 async def _config(client: AnyRedis, name: str) -> str | None:
-    """One CONFIG GET value; None where CONFIG is disabled (some managed services)."""
+    """One CONFIG GET value; None where CONFIG is disabled (some managed services). A cluster
+    answers per node; nodes that disagree give ``mixed (...)``, which no check accepts."""
     try:
-        value = await client.config_get(name)
+        value: Any = await client.config_get(name, **_every_node(client))
     except ResponseError:
         return None
-    if isinstance(value, dict):
-        # Cluster clients answer per node; the nodes of one instance share a configuration.
-        inner = next(iter(value.values()), None)
-        if isinstance(inner, dict):
-            value = inner
-        return value.get(name) if isinstance(value, dict) else None
-    return None
+    if not isinstance(value, dict):
+        return None
+    nested = [v for v in value.values() if isinstance(v, dict)]
+    per_node: list[dict[Any, Any]] = nested if len(nested) == len(value) else [value]
+    found = sorted({str(v[name]) for v in per_node if v.get(name) is not None})
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else f"mixed ({', '.join(found)})"
 
 
-async def _server_id(client: AnyRedis) -> str:
-    info = await client.info("server")
-    if isinstance(info, dict) and "run_id" not in info:
-        info = next(iter(info.values()), {})
-    return str(info.get("run_id", ""))
+async def _server_ids(client: AnyRedis) -> set[str]:
+    """The run ids of every node: two roles sharing any node share a process."""
+    info = await client.info("server", **_every_node(client))
+    per_node = [info] if "run_id" in info else list(info.values())
+    return {str(node["run_id"]) for node in per_node if isinstance(node, dict)
+            and node.get("run_id")}
 
 
 async def check_durable(client: AnyRedis, url: str) -> list[Check]:
@@ -138,18 +147,19 @@ async def check_postgres(dsn: str) -> list[Check]:
     return checks
 
 
-async def _redis_checks(url: str | None, variable: str, role: str) -> tuple[list[Check], str]:
+async def _redis_checks(url: str | None, variable: str,
+                        role: str) -> tuple[list[Check], set[str]]:
     if not url:
-        return [Check("fail", f"redis-{role}", f"{variable} is not set")], ""
+        return [Check("fail", f"redis-{role}", f"{variable} is not set")], set()
     client = redis_clients.connect(url, variable=variable)
     try:
         await asyncio.wait_for(client.ping(), TIMEOUT)
         checker = check_durable if role == "durable" else check_cache
         checks = await asyncio.wait_for(checker(client, url), TIMEOUT)
-        return checks, await _server_id(client)
+        return checks, await _server_ids(client)
     except (RedisError, OSError, TimeoutError) as exc:
         return [Check("fail", f"redis-{role}",
-                      f"unreachable at {redact_url(url)}: {type(exc).__name__}")], ""
+                      f"unreachable at {redact_url(url)}: {type(exc).__name__}")], set()
     finally:
         with contextlib.suppress(Exception):
             await client.aclose()
@@ -161,7 +171,7 @@ async def run_checks(settings: Settings) -> list[Check]:
         _redis_checks(settings.cache_url, "GATEWAY_CACHE_URL", "cache"),
     )
     checks = durable + cache
-    if durable_id and durable_id == cache_id:
+    if durable_id & cache_id:
         checks.append(Check("fail", "topology", "durable and cache URLs reach the same Redis "
                             "process; they must be two instances"))
     elif durable_id and cache_id:

@@ -35,6 +35,10 @@ def topology() -> str:
     return value
 
 
+def is_cluster_run() -> bool:
+    return topology() == "cluster"
+
+
 def _redis_cli() -> str:
     found = shutil.which("redis-cli") or shutil.which("valkey-cli")
     if not found:
@@ -216,7 +220,7 @@ def start_redis(role: embedded.Role, directory: Path) -> Started:
     """One role's Redis for the session, on the topology ``GATEWAY_TEST_TOPOLOGY`` names:
     ``(url, single server or None, what to stop)``."""
     password = embedded.new_password()
-    if topology() == "cluster":
+    if is_cluster_run():
         cluster = LocalCluster(role, directory, password).start()
         return cluster.url, None, cluster
     server = embedded.RedisServer(role, directory, password).start()
