@@ -163,6 +163,15 @@ async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
     return LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))
 
 
+async def release(durable: AnyRedis, lease: Lease) -> LeaseResult:
+    """Give the item back untouched (graceful shutdown): nothing is counted against it."""
+    stage = lease.stage
+    reply = await scripts_for(durable).release(
+        keys=[lease_key(stage), deadline_key(stage), ready_key(stage), meta_key()],
+        args=[lease.item_id, lease.token, str(EPOCH_MS)])
+    return LeaseResult(int(reply))
+
+
 @dataclass(frozen=True)
 class FailOutcome:
     result: LeaseResult
@@ -217,6 +226,7 @@ async def reclaim_all(durable: AnyRedis, *, max_reclaims: int, batch: int = 100,
 
 
 __all__ = ["Lease", "LeaseResult", "add_call", "complete", "enqueue", "enqueue_at", "fail",
-           "fetch", "heartbeat", "job_status", "queue_add", "reclaim", "reclaim_all"]
+           "fetch", "heartbeat", "job_status", "queue_add", "reclaim", "reclaim_all",
+           "release"]
 
 from gateway.pipeline.status import job_status  # noqa: E402  (re-exported for callers)

@@ -12,7 +12,7 @@ from typing import Any
 from gateway.redis_clients import AnyRedis
 
 LUA_DIR = Path(__file__).parent / "lua"
-NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue")
+NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release")
 
 
 def source(name: str) -> str:
@@ -32,6 +32,7 @@ class Scripts:
     fail: Any
     reclaim: Any
     requeue: Any
+    release: Any
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

@@ -1,0 +1,128 @@
+"""Workers end to end on real servers: default handlers write PostgreSQL, journal + feed per
+completion, failures retry then dead-letter, graceful stop loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.pipeline import queue
+from gateway.pipeline.handlers import DEFAULTS, StageContext
+from gateway.pipeline.runner import run_workers
+from gateway.pipeline.stages import STAGES, dead_key, meta_key
+from gateway.pipeline.status import queue_depths
+from gateway.pipeline.worker import WorkerConfig
+from tests.helpers import registry_violations, wait_until
+
+FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
+                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
+TEXT = ("Read https://example.org/guide. Thanks @alice and @bob!\n\n"
+        "Tagged #python #asyncio. Redis queues and PostgreSQL journals.")
+
+
+async def _journal_count(runtime, stage: str | None = None) -> int:
+    if stage:
+        return await runtime.pg.fetchval(
+            "SELECT count(*) FROM pipeline_journal WHERE stage = $1", stage)
+    return await runtime.pg.fetchval("SELECT count(*) FROM pipeline_journal")
+
+
+async def _run(runtime, stop, **kwargs):
+    return asyncio.create_task(run_workers(runtime, stop, config=kwargs.pop("config", FAST),
+                                           concurrency=kwargs.pop("concurrency", 2),
+                                           **kwargs))
+
+
+async def test_items_flow_through_all_stages_with_default_handlers(runtime):
+    for i in range(5):
+        assert await queue.enqueue(runtime.durable, f"doc{i}",
+                                   {"text": f"{TEXT} item {i}", "title": f"T{i}"})
+    stop = asyncio.Event()
+    task = await _run(runtime, stop)
+    try:
+        await wait_until(lambda: _all_journaled(runtime, 20), timeout=20,
+                         message="20 journal rows")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert await runtime.pg.fetchval("SELECT count(*) FROM pipeline_documents") == 5
+    chunks = await runtime.pg.fetch("SELECT * FROM pipeline_chunks WHERE item_id = 'doc0'")
+    assert chunks and all(len(c["embedding"]) == 256 for c in chunks)
+    edges = {(r["kind"], r["target"]) for r in await runtime.pg.fetch(
+        "SELECT kind, target FROM pipeline_edges WHERE item_id = 'doc0'")}
+    assert edges == {("link", "https://example.org/guide"), ("mention", "alice"),
+                     ("mention", "bob"), ("tag", "python"), ("tag", "asyncio")}
+    feed_rows = await runtime.pg.fetch(
+        "SELECT kind, payload FROM feed WHERE topic = 'pipeline' ORDER BY \"offset\"")
+    assert len(feed_rows) == 20
+    assert sorted((r["payload"]["item_id"], r["kind"]) for r in feed_rows) == sorted(
+        (f"doc{i}", s) for i in range(5) for s in STAGES)
+    assert await queue.job_status(runtime, "doc3") == {
+        "item_id": "doc3", "state": "done", "stages": dict.fromkeys(STAGES, "done")}
+    # Nothing of a finished item is left in Redis but its dedup entry.
+    assert await runtime.durable.hlen(meta_key()) == 0
+    assert await registry_violations(runtime.durable, "durable") == []
+
+
+async def _all_journaled(runtime, n: int) -> bool:
+    return await _journal_count(runtime) >= n
+
+
+async def test_failing_handler_retries_then_dead_letters(runtime):
+    calls: list[str] = []
+
+    async def flaky(ctx: StageContext) -> None:
+        calls.append(ctx.item_id)
+        await ctx.conn.execute("INSERT INTO pipeline_edges VALUES ($1, 'tag', 'half-done')",
+                               ctx.item_id)
+        raise RuntimeError("provider down")
+
+    await queue.enqueue(runtime.durable, "a", {"text": "x"})
+    stop = asyncio.Event()
+    task = await _run(runtime, stop, handlers={**DEFAULTS, "chunk": flaky},
+                      config=WorkerConfig(**{**FAST.__dict__, "max_failures": 3}))
+    try:
+        await wait_until(lambda: runtime.durable.llen(dead_key("chunk")), timeout=15,
+                         message="dead letter")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert calls == ["a", "a", "a"]
+    # Every failed attempt rolled back its partial writes and its journal row.
+    assert await runtime.pg.fetchval("SELECT count(*) FROM pipeline_edges") == 0
+    assert await _journal_count(runtime) == 1  # store only
+    status = await queue.job_status(runtime, "a")
+    assert status["state"] == "dead" and status["stages"]["chunk"] == "dead"
+
+
+async def test_bad_document_is_dead_lettered_at_once(runtime):
+    await queue.enqueue(runtime.durable, "bad", {"title": "no text"})
+    stop = asyncio.Event()
+    task = await _run(runtime, stop)
+    try:
+        await wait_until(lambda: runtime.durable.llen(dead_key("store")), timeout=10,
+                         message="dead letter")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert await _journal_count(runtime) == 0
+
+
+async def test_graceful_stop_releases_in_flight_items(runtime):
+    started = asyncio.Event()
+
+    async def slow(ctx: StageContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    await queue.enqueue(runtime.durable, "a", {"text": "x"})
+    stop = asyncio.Event()
+    config = WorkerConfig(**{**FAST.__dict__, "shutdown_grace": 0.2})
+    task = await _run(runtime, stop, handlers={**DEFAULTS, "store": slow}, config=config)
+    await asyncio.wait_for(started.wait(), 10)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    depths = await queue_depths(runtime.durable)
+    assert depths["stages"]["store"] == {"ready": 1, "inflight": 0, "delayed": 0, "dead": 0}
+    lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
+    assert lease is not None and lease.failures == 0 and lease.document == {"text": "x"}
+    assert await _journal_count(runtime) == 0
