@@ -52,7 +52,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = json_error(exc.status, None, detail or exc.reason,
                               {k: v for k, v in exc.headers.items()
                                if k.lower() in ("allow", "retry-after")})
-    except (asyncpg.PostgresConnectionStatusError, asyncpg.CannotConnectNowError,
+    except (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
             asyncpg.InterfaceError, ConnectionError) as exc:
         log.warning("postgres unavailable on %s: %s", route, type(exc).__name__)
         response = json_error(503, "store_unavailable", "the database is unreachable; retry later",
