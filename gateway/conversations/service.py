@@ -1,0 +1,209 @@
+"""The conversation service every chat adapter calls: ``handle_incoming``.
+
+Per message, under a per-chat lock (in-process FIFO lock, then a PostgreSQL advisory lock so
+several workers and replicas take turns on one chat): find the active conversation (redis-cache
+pointer, else PostgreSQL, else a new one), store the message and its feed row in one
+transaction, publish after commit, run the configured handler, store the reply and its feed
+row, then deliver it through ``send`` behind the platform's rate limits, with retries and a
+dead letter. The lock is held until the reply left, so replies keep the messages' order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway.conversations import store
+from gateway.conversations.handlers import Context, Handler, load_handler
+from gateway.conversations.locks import KeyedLocks
+from gateway.conversations.model import Incoming, chat_key, command_of, pointer_key
+from gateway.outbound.delivery import RetryPolicy, deliver, limit_names
+from gateway.push import feed
+from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
+from gateway.runtime import Runtime
+
+__all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
+
+log = logging.getLogger("gateway.conversations")
+
+Send = Callable[[str], Awaitable[None]]
+DEFAULT_IDLE_SECONDS = 7 * 86400
+APOLOGY = "Sorry, I could not answer that just now. Please try again."
+
+
+def topic(conversation_id: int) -> str:
+    return f"conversation:{conversation_id}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call did (for tests and logs)."""
+
+    conversation_id: int
+    seq: int
+    reply: str | None
+    delivered: bool
+    duplicate: bool = False
+
+
+class ConversationService:
+    """One per runtime: the handler, the limiter and the per-chat locks of this process."""
+
+    def __init__(self, runtime: Runtime, handler: Handler | None = None) -> None:
+        settings = runtime.settings
+        section = settings.section("conversations")
+        self.runtime = runtime
+        self.handler = handler or load_handler(settings)
+        self.limiter = Limiter(runtime.durable)
+        self.providers = Providers(self.limiter, provider_limits(settings))
+        self.limits = platform_limits(settings)
+        self.policy = RetryPolicy.from_settings(settings)
+        self.idle_seconds = int(section.get("idle_seconds", DEFAULT_IDLE_SECONDS))
+        self.locks = KeyedLocks()
+
+    async def handle(self, incoming: Incoming, send: Send) -> Outcome:
+        async with self.locks.hold(f"{incoming.platform}:{chat_key(incoming)}"):
+            async with self.runtime.pg.acquire() as conn:
+                await store.lock_chat(conn, incoming)
+                try:
+                    return await self._handle_locked(conn, incoming, send)
+                finally:
+                    # If this fails the connection is broken; its session (and lock) ends.
+                    with contextlib.suppress(Exception):
+                        await store.unlock_chat(conn, incoming)
+
+    async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
+                             send: Send) -> Outcome:
+        command = command_of(incoming.text)
+        pointer = await self._read_pointer(incoming)
+        user_row = None
+        async with conn.transaction():
+            conversation, created = await self._resolve(conn, incoming, pointer)
+            seen = await store.find_inbound(conn, conversation.id, incoming.message_id)
+            if seen is None:
+                if command == "new" and not created:
+                    conversation, created = await store.start(conn, incoming), True
+                message = await store.add_message(
+                    conn, conversation, role="user", text=incoming.text,
+                    platform_message_id=incoming.message_id, user_id=incoming.user_id,
+                    user_name=incoming.user_name)
+                user_row = await feed.append(conn, topic(conversation.id), "message",
+                                             self._payload(incoming, message))
+                seq = message.seq
+        await self._write_pointer(incoming, conversation.id)
+        if user_row is not None:
+            await feed.publish(self.runtime.cache, user_row)
+        if seen is not None:
+            return await self._redelivered(incoming, send, conversation.id, seen)
+
+        reply = await self._run_handler(incoming, conversation.id, seq, command, created)
+        if reply is None:
+            return Outcome(conversation.id, seq, None, False)
+        async with conn.transaction():
+            answer = await store.add_message(conn, conversation, role="bot", text=reply,
+                                             reply_to=seq)
+            bot_row = await feed.append(conn, topic(conversation.id), "message",
+                                        self._payload(incoming, answer))
+        await feed.publish(self.runtime.cache, bot_row)
+        delivered = await self._deliver(incoming, send, conversation.id, answer.seq, reply)
+        return Outcome(conversation.id, seq, reply, delivered)
+
+    async def _redelivered(self, incoming: Incoming, send: Send, conversation_id: int,
+                           seen: store.Inbound) -> Outcome:
+        """The platform sent a message we stored before: answer it at most once."""
+        if seen.reply_seq is None or seen.reply_text is None or seen.reply_settled:
+            return Outcome(conversation_id, seen.seq, seen.reply_text, False, duplicate=True)
+        # Stored but never handed off (the process died in between): send that reply now.
+        delivered = await self._deliver(incoming, send, conversation_id, seen.reply_seq,
+                                        seen.reply_text)
+        return Outcome(conversation_id, seen.seq, seen.reply_text, delivered, duplicate=True)
+
+    async def _deliver(self, incoming: Incoming, send: Send, conversation_id: int, seq: int,
+                       text: str) -> bool:
+        delivered = await deliver(self.runtime, self.limiter,
+                                  limit_names(incoming, self.limits), incoming, text, send,
+                                  self.policy, conversation_id=conversation_id, seq=seq)
+        await store.settle(self.runtime.pg, conversation_id, seq)
+        return delivered
+
+    async def _resolve(self, conn: asyncpg.Connection, incoming: Incoming,
+                       pointer: int | None) -> tuple[store.Conversation, bool]:
+        """The active conversation (locked for this transaction) and whether it is new."""
+        if pointer is not None:
+            found = await store.active_by_id(conn, pointer)
+            if found is not None:
+                return found, False
+        found = await store.active_for_chat(conn, incoming)
+        if found is not None:
+            return found, False
+        return await store.start(conn, incoming), True
+
+    async def _run_handler(self, incoming: Incoming, conversation_id: int, count: int,
+                           command: str | None, created: bool) -> str | None:
+        async def history(limit: int) -> list[store.Message]:
+            return await store.history(self.runtime.pg, conversation_id, limit)
+
+        context = Context(self.runtime, incoming, conversation_id, count, command, created,
+                          self.providers, history)
+        try:
+            return await self.handler(context)
+        except Exception:
+            log.exception("%s %s: conversation handler failed; answering with an apology",
+                          incoming.platform, incoming.chat)
+            return APOLOGY
+
+    async def _read_pointer(self, incoming: Incoming) -> int | None:
+        """The cached pointer; a missing or unreadable cache just means asking PostgreSQL."""
+        try:
+            value = await self.runtime.cache.get(pointer_key(incoming))
+            return int(value) if value is not None else None
+        except Exception as exc:
+            log.warning("conversation pointer unreadable (%s); using PostgreSQL",
+                        type(exc).__name__)
+            return None
+
+    async def _write_pointer(self, incoming: Incoming, conversation_id: int) -> None:
+        """Set the pointer with a fresh TTL (sliding: every message renews it)."""
+        try:
+            await self.runtime.cache.set(pointer_key(incoming), str(conversation_id),
+                                         ex=self.idle_seconds)
+        except Exception as exc:
+            log.warning("conversation pointer not written (%s)", type(exc).__name__)
+
+    @staticmethod
+    def _payload(incoming: Incoming, message: store.Message) -> dict[str, Any]:
+        return {"conversation_id": message.conversation_id, "seq": message.seq,
+                "role": message.role, "text": message.text, "platform": incoming.platform,
+                "chat": incoming.chat, "thread": incoming.thread,
+                "user_id": message.user_id, "user_name": message.user_name}
+
+
+_SERVICE_ATTR = "_conversation_service"
+
+
+def service_for(runtime: Runtime) -> ConversationService:
+    """The runtime's service, built on first use from its settings."""
+    service = getattr(runtime, _SERVICE_ATTR, None)
+    if service is None:
+        service = ConversationService(runtime)
+        setattr(runtime, _SERVICE_ATTR, service)
+    return service
+
+
+async def handle_incoming(runtime: Runtime, incoming: Incoming, send: Send) -> None:
+    """Handle one inbound message and deliver the reply through ``send``.
+
+    ``send(text)`` must make ONE platform call and raise on failure: this function applies
+    the platform rate limits of DESIGN §5 before each call, retries a 429 after its
+    Retry-After (raise ``gateway.outbound.errors.RetryLater`` or let the platform error
+    through), retries other errors with backoff and dead-letters the reply in the
+    ``undelivered_replies`` table after the last attempt. It returns once the reply is
+    delivered or dead-lettered: mark the inbound dedup claim done then. It raises only when
+    the message could not be stored (release the claim so the platform's retry is handled).
+    """
+    await service_for(runtime).handle(incoming, send)

@@ -1,0 +1,1 @@
+"""Outbound bot messages: rate-limited, retried, dead-lettered, never dropped silently."""

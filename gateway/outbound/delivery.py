@@ -1,0 +1,103 @@
+"""Deliver one reply: pass the platform limits, retry, and dead-letter what still fails.
+
+A limited send waits; a platform 429 is retried after its Retry-After without counting as a
+failure; any other error is retried with exponential backoff, and after the last attempt the
+reply goes to the ``undelivered_replies`` table (PostgreSQL, the system of record) and is
+logged. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from gateway.config import Settings
+from gateway.conversations.model import Incoming
+from gateway.outbound.errors import retry_after_of
+from gateway.ratelimit import Limiter, Rate
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.outbound")
+
+Send = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5  # failures before the dead letter
+    backoff: float = 0.5  # first wait after a failure, doubled each time
+    backoff_max: float = 30.0
+    rate_limited_max: int = 20  # platform 429s tolerated for one reply (each waits)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetryPolicy:
+        section = settings.section("outbound")
+        return cls(int(section.get("attempts", cls.attempts)),
+                   float(section.get("backoff", cls.backoff)),
+                   float(section.get("backoff_max", cls.backoff_max)),
+                   int(section.get("rate_limited_max", cls.rate_limited_max)))
+
+
+def limit_names(incoming: Incoming,
+                table: Mapping[str, Mapping[str, Rate]]) -> list[tuple[str, Rate]]:
+    """The limiter buckets one reply to this chat passes, per DESIGN §5."""
+    scopes = table.get(incoming.platform, {})
+    names: list[tuple[str, Rate]] = []
+    for scope, rate in scopes.items():
+        if scope == "bot":
+            names.append((f"{incoming.platform}:bot", rate))
+        elif scope == "group":
+            if incoming.chat.startswith("-"):  # Telegram groups have negative ids
+                names.append((f"{incoming.platform}:group:{incoming.chat}", rate))
+        elif scope in ("chat", "channel"):
+            names.append((f"{incoming.platform}:{scope}:{incoming.team or '-'}:"
+                          f"{incoming.chat}", rate))
+    return names
+
+
+async def dead_letter(runtime: Runtime, incoming: Incoming, text: str, *, attempts: int,
+                      error: str, conversation_id: int | None = None,
+                      seq: int | None = None) -> None:
+    await runtime.pg.execute(
+        "INSERT INTO undelivered_replies (platform, chat, thread, team, conversation_id,"
+        " message_seq, text, attempts, last_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        incoming.platform, incoming.chat, incoming.thread, incoming.team, conversation_id, seq,
+        text, attempts, error[:1000])
+
+
+async def deliver(runtime: Runtime, limiter: Limiter, limits: list[tuple[str, Rate]],
+                  incoming: Incoming, text: str, send: Send, policy: RetryPolicy, *,
+                  conversation_id: int | None = None, seq: int | None = None) -> bool:
+    """Send ``text``; True when the platform took it, False when it was dead-lettered."""
+    failures = rate_limited = 0
+    while True:
+        for name, rate in limits:
+            await limiter.acquire(name, rate=rate.rate, period=rate.period, burst=rate.burst)
+        try:
+            await send(text)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            wait = retry_after_of(exc)
+            if wait is not None and rate_limited < policy.rate_limited_max:
+                rate_limited += 1
+                log.info("%s %s: platform rate limit, retrying after %.1f s",
+                         incoming.platform, incoming.chat, wait)
+                await asyncio.sleep(wait)
+                continue
+            failures += 1
+            error = f"{type(exc).__name__}: {exc}"
+            if failures >= policy.attempts or wait is not None:
+                log.error("%s %s: reply undelivered after %d attempts (%s); dead-lettered",
+                          incoming.platform, incoming.chat, failures + rate_limited, error)
+                await dead_letter(runtime, incoming, text, attempts=failures + rate_limited,
+                                  error=error, conversation_id=conversation_id, seq=seq)
+                return False
+            delay = min(policy.backoff * 2 ** (failures - 1), policy.backoff_max)
+            log.warning("%s %s: send failed (%s), retry %d in %.2f s", incoming.platform,
+                        incoming.chat, error, failures, delay)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))

@@ -1,0 +1,41 @@
+"""How a failed send tells the retry loop to wait: ``RetryLater`` or a platform 429."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+class RetryLater(Exception):
+    """Raise from a send function when the platform asked us to wait (a 429)."""
+
+    def __init__(self, seconds: float, detail: str = "rate limited") -> None:
+        super().__init__(f"{detail}; retry after {seconds} s")
+        self.seconds = float(seconds)
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """Seconds to wait when ``exc`` is a platform rate limit, else None.
+
+    Understands ``RetryLater``, python-telegram-bot's ``RetryAfter`` (``retry_after`` is an
+    int or a timedelta depending on its settings) and slack_sdk's ``SlackApiError`` on HTTP
+    429 (``Retry-After`` header).
+    """
+    if isinstance(exc, RetryLater):
+        return exc.seconds
+    value: Any = getattr(exc, "retry_after", None)
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float):
+        return float(value)
+    response = getattr(exc, "response", None)
+    if response is not None and getattr(response, "status_code", None) == 429:
+        headers = getattr(response, "headers", {}) or {}
+        raw = next((v for k, v in headers.items() if k.lower() == "retry-after"), "1")
+        if isinstance(raw, list):
+            raw = raw[0] if raw else "1"
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            return 1.0
+    return None

@@ -1,0 +1,27 @@
+"""Shared rate limits in ``rl:`` (DESIGN §5): ``Limiter`` (sliding window and concurrency
+slots on Redis time), the platform limits every outbound message passes, and ``Providers``,
+the budget handlers use when they call model providers."""
+
+from gateway.ratelimit.limiter import Decision, Limiter, LimitError
+from gateway.ratelimit.limits import (
+    PLATFORM_LIMITS,
+    PROVIDER_LIMITS,
+    ProviderLimits,
+    Providers,
+    Rate,
+    platform_limits,
+    provider_limits,
+)
+
+__all__ = [
+    "PLATFORM_LIMITS",
+    "PROVIDER_LIMITS",
+    "Decision",
+    "LimitError",
+    "Limiter",
+    "ProviderLimits",
+    "Providers",
+    "Rate",
+    "platform_limits",
+    "provider_limits",
+]

@@ -1,0 +1,119 @@
+"""The ``rl:`` limiter (DESIGN §5): a sliding-window log and concurrency slots, in Lua on
+Redis time, shared by every process and replica that talks to redis-durable.
+
+Why a sliding-window log and not a fixed INCR+EXPIRE window: a fixed window lets twice the
+limit through around its edge. The log is exact (every half-open interval of one period holds
+at most ``rate`` units) and also handles weighted costs, which token budgets need. Its memory is
+one ZSET member per admitted attempt still inside the window, small for the limits we use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway import keys
+from gateway.redis_clients import AnyRedis
+
+_HERE = Path(__file__).parent
+_WINDOW = (_HERE / "window.lua").read_text()
+_SLOTS = (_HERE / "slots.lua").read_text()
+_MICRO = 1_000_000
+
+
+class LimitError(ValueError):
+    """An attempt can never be admitted (its cost exceeds the limit) or the wait is too long."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One attempt: admitted or not, how long to wait before retrying, and Redis's clock."""
+
+    admitted: bool
+    wait: float
+    now: float
+
+
+class Limiter:
+    """Rate and concurrency limits by name; all state in ``rl:`` keys on redis-durable."""
+
+    def __init__(self, redis: AnyRedis) -> None:
+        self.redis = redis
+        self._window: Any = redis.register_script(_WINDOW)
+        self._slots: Any = redis.register_script(_SLOTS)
+
+    async def check(self, name: str, *, rate: float, period: float, burst: int = 1,
+                    cost: int = 1, now: float | None = None) -> Decision:
+        """One non-waiting attempt. ``now`` (seconds) drives a simulated clock in tests; left
+        ``None`` the script reads Redis ``TIME``, so replicas with skewed clocks agree.
+
+        ``burst`` smooths: at most ``burst`` units in any ``burst * period / rate`` seconds
+        (``burst=1`` spaces attempts evenly; ``burst >= rate`` allows the whole window at once).
+        """
+        if rate <= 0 or period <= 0 or cost < 1 or burst < 1:
+            raise LimitError("rate, period, burst and cost must be positive")
+        limit = int(rate)
+        burst = min(int(burst), limit)
+        window_us = round(period * _MICRO)
+        smooth_us = round(burst * period / rate * _MICRO)
+        admitted, wait_us, now_us = await self._window(
+            keys=[keys.rl("window", name)],
+            args=[limit, window_us, burst, smooth_us, int(cost), secrets.token_hex(8),
+                  "" if now is None else str(round(now * _MICRO))])
+        if int(admitted) < 0:
+            raise LimitError(f"cost {cost} can never fit {name}: limit {limit}, burst {burst}")
+        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO)
+
+    async def try_acquire(self, name: str, *, rate: float, period: float, burst: int = 1,
+                          cost: int = 1) -> float:
+        """Admit now and return 0.0, or admit nothing and return the seconds to wait."""
+        decision = await self.check(name, rate=rate, period=period, burst=burst, cost=cost)
+        return 0.0 if decision.admitted else decision.wait
+
+    async def acquire(self, name: str, *, rate: float, period: float, burst: int = 1,
+                      cost: int = 1, max_wait: float | None = None) -> None:
+        """Wait (on Redis time) until admitted. ``max_wait`` bounds the total wait."""
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait
+        while True:
+            wait = await self.try_acquire(name, rate=rate, period=period, burst=burst, cost=cost)
+            if wait <= 0:
+                return
+            if deadline is not None and loop.time() + wait > deadline:
+                raise LimitError(f"{name}: not admitted within {max_wait} s")
+            await asyncio.sleep(wait)
+
+    async def try_slot(self, name: str, holder: str, *, limit: int, lease: float,
+                       now: float | None = None) -> float:
+        """Take (or renew) one of ``limit`` concurrent slots; 0.0 or the seconds to wait."""
+        held, wait_us = await self._slots(
+            keys=[keys.rl("slots", name)],
+            args=[int(limit), round(lease * _MICRO), holder,
+                  "" if now is None else str(round(now * _MICRO))])
+        return 0.0 if int(held) == 1 else int(wait_us) / _MICRO
+
+    async def release_slot(self, name: str, holder: str) -> None:
+        await self.redis.zrem(keys.rl("slots", name), holder)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, name: str, *, limit: int, lease: float = 300.0,
+                   poll: float = 0.05) -> AsyncIterator[None]:
+        """Hold one of ``limit`` concurrent slots for the block. The lease frees the slot of
+        a holder that crashed; a block running longer than ``lease`` loses its claim."""
+        holder = secrets.token_hex(8)
+        while True:
+            wait = await self.try_slot(name, holder, limit=limit, lease=lease)
+            if wait <= 0:
+                break
+            # A holder that finishes early frees its slot long before its lease ends: poll.
+            await asyncio.sleep(min(wait, poll))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await self.release_slot(name, holder)

@@ -1,0 +1,217 @@
+"""handle_incoming against real PostgreSQL and Redis: conversations, feed rows, /new,
+cache loss, redelivery, ordering across replicas, failing handlers and sends."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+
+from gateway import keys
+from gateway.config import Settings
+from gateway.conversations.handlers import Context
+from gateway.conversations.service import (
+    APOLOGY,
+    ConversationService,
+    Incoming,
+    handle_incoming,
+)
+from gateway.outbound.errors import RetryLater
+from gateway.push import feed
+from gateway.runtime import Runtime, open_runtime
+from tests.helpers import registry_violations
+
+_ids = itertools.count(1)
+
+
+def msg(text: str, chat: str = "777", **changes: Any) -> Incoming:
+    fields: dict[str, Any] = dict(platform="telegram", chat=chat, thread=None, user_id="42",
+                                  user_name="alice", text=text, message_id=str(next(_ids)))
+    fields.update(changes)
+    return Incoming(**fields)
+
+
+class Outbox:
+    """A send function that records what it was given (the platform's view)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def __call__(self, text: str) -> None:
+        self.texts.append(text)
+
+
+async def rows(rt: Runtime, sql: str, *args: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in await rt.pg.fetch(sql, *args)]
+
+
+async def test_message_is_stored_fed_and_answered(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("hello"), out)
+    await handle_incoming(fast_runtime, msg("again"), out)
+    assert out.texts == ["echo: hello (1 messages)", "echo: again (3 messages)"]
+    convs = await rows(fast_runtime, "SELECT id, message_count, active FROM conversations")
+    assert convs == [{"id": convs[0]["id"], "message_count": 4, "active": True}]
+    messages = await rows(fast_runtime, "SELECT seq, role, text, settled_at IS NOT NULL AS s"
+                          " FROM conversation_messages ORDER BY seq")
+    assert [(m["seq"], m["role"], m["s"]) for m in messages] == [
+        (1, "user", False), (2, "bot", True), (3, "user", False), (4, "bot", True)]
+    _, feed_rows = await feed.read(fast_runtime.pg, f"conversation:{convs[0]['id']}", 0, 10)
+    assert [r.offset for r in feed_rows] == [1, 2, 3, 4]
+    assert [r.payload["text"] for r in feed_rows] == [
+        "hello", "echo: hello (1 messages)", "again", "echo: again (3 messages)"]
+    pointer = keys.telegram_active_conv("777")
+    assert await fast_runtime.cache.get(pointer) == str(convs[0]["id"])
+    assert 0 < await fast_runtime.cache.ttl(pointer) <= 7 * 86400
+    assert await registry_violations(fast_runtime.cache, "cache") == []
+    assert await registry_violations(fast_runtime.durable, "durable") == []
+
+
+async def test_new_switches_conversation_and_help_status(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("first"), out)
+    first = int(await fast_runtime.cache.get(keys.telegram_active_conv("777")))
+    await handle_incoming(fast_runtime, msg("/new@fake_gateway_bot"), out)
+    second = int(await fast_runtime.cache.get(keys.telegram_active_conv("777")))
+    await handle_incoming(fast_runtime, msg("/status"), out)
+    await handle_incoming(fast_runtime, msg("/help"), out)
+    assert second != first
+    assert out.texts[1] == f"Started a new conversation (#{second})."
+    assert out.texts[2] == f"Conversation #{second}: 3 messages."
+    assert out.texts[3].startswith("Commands: /new")
+    convs = await rows(fast_runtime, "SELECT id, active, message_count FROM conversations"
+                       " ORDER BY id")
+    assert convs == [{"id": first, "active": False, "message_count": 2},
+                     {"id": second, "active": True, "message_count": 6}]
+
+
+async def test_flushing_the_cache_keeps_the_conversation(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("one"), out)
+    await fast_runtime.cache.flushall()
+    await handle_incoming(fast_runtime, msg("two"), out)
+    assert out.texts[-1] == "echo: two (3 messages)"  # same conversation, not a new one
+    assert await fast_runtime.pg.fetchval("SELECT count(*) FROM conversations") == 1
+    assert await fast_runtime.cache.get(keys.telegram_active_conv("777")) is not None
+
+
+async def test_a_stale_pointer_is_ignored(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("one"), out)
+    await fast_runtime.cache.set(keys.telegram_active_conv("777"), "999999", ex=60)
+    await handle_incoming(fast_runtime, msg("two"), out)
+    assert out.texts[-1] == "echo: two (3 messages)"
+
+
+async def test_redelivered_message_is_answered_once(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    same = msg("hi")
+    await asyncio.gather(*(handle_incoming(fast_runtime, same, out) for _ in range(3)))
+    await handle_incoming(fast_runtime, same, out)
+    assert out.texts == ["echo: hi (1 messages)"]
+    assert await fast_runtime.pg.fetchval("SELECT count(*) FROM conversation_messages") == 2
+
+
+async def test_unsettled_reply_is_sent_on_redelivery(fast_runtime: Runtime) -> None:
+    """The process died after storing the reply and before sending it: the platform's retry
+    gets the stored reply, not a second answer."""
+    out = Outbox()
+    same = msg("hi")
+    await handle_incoming(fast_runtime, same, out)
+    await fast_runtime.pg.execute("UPDATE conversation_messages SET settled_at = NULL")
+    await handle_incoming(fast_runtime, same, out)
+    assert out.texts == ["echo: hi (1 messages)"] * 2
+    assert await fast_runtime.pg.fetchval("SELECT count(*) FROM conversation_messages") == 2
+
+
+async def test_chats_and_threads_are_separate(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("a", chat="1"), out)
+    await handle_incoming(fast_runtime, msg("b", chat="2"), out)
+    slack = dict(platform="slack", team="T1", chat="C1")
+    await handle_incoming(fast_runtime, msg("c", **slack), out)
+    await handle_incoming(fast_runtime, msg("d", thread="171.5", **slack), out)
+    assert out.texts == [f"echo: {t} (1 messages)" for t in "abcd"]
+    assert await fast_runtime.cache.exists(keys.slack_active_conv("T1", "C1", "171.5"))
+    assert await fast_runtime.cache.exists(keys.slack_active_conv("T1", "C1"))
+
+
+async def test_replicas_take_turns_on_one_chat(fast_settings: Settings,
+                                               fast_runtime: Runtime) -> None:
+    """Two services on separate connections (two replicas) handle one chat at once: every
+    reply directly follows its message, none interleave."""
+    other = await open_runtime(fast_settings)
+    try:
+        replicas = [ConversationService(fast_runtime), ConversationService(other)]
+
+        async def slow_echo(ctx: Context) -> str:
+            await asyncio.sleep(0.005)  # widen the window an interleaving would need
+            return f"re {ctx.incoming.text}"
+
+        for replica in replicas:
+            replica.handler = slow_echo
+        out = Outbox()
+        await asyncio.gather(*(replicas[i % 2].handle(msg(f"m{i}"), out) for i in range(30)))
+    finally:
+        await other.close()
+    messages = await rows(fast_runtime, "SELECT seq, role, text, reply_to"
+                          " FROM conversation_messages ORDER BY seq")
+    assert len(messages) == 60
+    for user, bot in zip(messages[::2], messages[1::2], strict=True):
+        assert (user["role"], bot["role"]) == ("user", "bot")
+        assert bot["reply_to"] == user["seq"] and bot["text"] == "re " + user["text"]
+    assert out.texts == [m["text"] for m in messages[1::2]]  # sent in stored order
+
+
+async def test_one_process_keeps_arrival_order(fast_runtime: Runtime) -> None:
+    out = Outbox()
+    tasks = [asyncio.create_task(handle_incoming(fast_runtime, msg(f"n{i}"), out))
+             for i in range(40)]
+    await asyncio.gather(*tasks)
+    assert [t.split()[1] for t in out.texts] == [f"n{i}" for i in range(40)]
+
+
+async def test_failing_handler_answers_with_an_apology(fast_runtime: Runtime) -> None:
+    async def broken(ctx: Context) -> str:
+        raise RuntimeError("model down")
+
+    service = ConversationService(fast_runtime, handler=broken)
+    out = Outbox()
+    await service.handle(msg("hi"), out)
+    assert out.texts == [APOLOGY]
+
+
+async def test_platform_429_is_retried_after_retry_after(fast_runtime: Runtime) -> None:
+    calls: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def limited_once(text: str) -> None:
+        calls.append(loop.time())
+        if len(calls) == 1:
+            raise RetryLater(0.2)
+
+    outcome = await ConversationService(fast_runtime).handle(msg("x"), limited_once)
+    assert outcome.delivered and len(calls) == 2
+    assert calls[1] - calls[0] >= 0.19
+    assert await fast_runtime.pg.fetchval("SELECT count(*) FROM undelivered_replies") == 0
+
+
+async def test_failed_send_is_retried_then_dead_lettered(fast_runtime: Runtime) -> None:
+    attempts = 0
+
+    async def broken(text: str) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise ConnectionError("platform unreachable")
+
+    outcome = await ConversationService(fast_runtime).handle(msg("lost?"), broken)
+    assert not outcome.delivered
+    assert attempts == 3  # [outbound] attempts = 3 in these tests
+    dead = await rows(fast_runtime, "SELECT platform, chat, text, attempts, last_error,"
+                      " conversation_id, message_seq FROM undelivered_replies")
+    assert dead == [{"platform": "telegram", "chat": "777", "text": "echo: lost? (1 messages)",
+                     "attempts": 3, "last_error": "ConnectionError: platform unreachable",
+                     "conversation_id": outcome.conversation_id, "message_seq": 2}]
+
+
