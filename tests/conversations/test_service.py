@@ -7,7 +7,6 @@ import asyncio
 import itertools
 from typing import Any
 
-
 from gateway import keys
 from gateway.config import Settings
 from gateway.conversations.handlers import Context
