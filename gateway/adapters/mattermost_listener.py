@@ -1,0 +1,334 @@
+"""The Mattermost listener: one active replica, a resilient socket, nothing missed, nothing
+answered twice.
+
+- **One active listener.** A replica first takes the ``lock:`` lease (``gateway.leases``);
+  standbys poll for it. The holder renews it every third of its TTL; a holder that cannot
+  renew in time, or finds the lease taken, stops the session. Before every reply it checks
+  that its fencing token is still the current one, so a holder that lost its lease (paused,
+  partitioned) never answers next to its successor.
+- **Socket.** Authenticate with the challenge, wait for ``hello``, read ``posted`` events.
+  Any drop (close 1000/1011, abort, refused upgrade, failed auth) leads to a reconnect after
+  an exponential delay with jitter; a connection that stayed up ``healthy_after`` seconds
+  resets the delay.
+- **Catch-up.** After every ``hello`` the listener lists its channels over REST and reads the
+  posts since the last post it saw there, minus a margin (clock skew, posts committed late);
+  for a channel it has not seen yet in this lease, since ``catchup_lookback`` seconds before
+  the lease was taken (what a dead predecessor may have missed).
+- **Exactly one answer.** Live and caught-up posts both go through the claim
+  ``dedup:mattermost-post:<id>``: the first claim answers, every other delivery is dropped.
+  A handler that fails before sending releases the claim, so a later catch-up answers it.
+- **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
+  ``mattermost_health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from redis.exceptions import RedisError
+
+from gateway import keys, leases
+from gateway.adapters import mattermost_health as health
+from gateway.adapters.mattermost_backoff import Backoff
+from gateway.adapters.mattermost_client import (
+    MattermostClient,
+    MattermostError,
+    Post,
+    SocketClosed,
+    posted_post,
+)
+from gateway.dedup import claims
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.mattermost")
+
+LEASE_NAME = "mattermost-listener"
+
+Send = Callable[[str], Awaitable[None]]
+# Answers one post; calls ``send`` (zero or more times) to reply in the post's channel/thread.
+PostHandler = Callable[[Post, Send], Awaitable[None]]
+
+_NETWORK_ERRORS = (SocketClosed, MattermostError, aiohttp.ClientError, TimeoutError, OSError)
+
+
+class LeaseLost(BaseException):
+    """The fencing check failed: another replica holds the listener lease now.
+
+    A ``BaseException`` on purpose: the shared delivery loop retries and finally dead-letters
+    any ``Exception`` from a send, but a fenced-off holder must simply stop; its successor
+    answers the post after its catch-up.
+    """
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """Timings in seconds; the defaults suit production, tests shrink them."""
+
+    url: str
+    token: str
+    lease_seconds: float = 15.0
+    health_ttl: float = health.DEFAULT_TTL
+    health_interval: float = 10.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    healthy_after: float = 60.0
+    catchup_margin: float = 5.0
+    catchup_lookback: float = 120.0
+    ws_heartbeat: float = 30.0
+    dedup_ttl: int = 86400
+    max_concurrent: int = 8
+    drain_seconds: float = 5.0
+
+
+async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``stop``; true when it was set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout)
+    return stop.is_set()
+
+
+class Listener:
+    def __init__(self, runtime: Runtime, config: ListenerConfig, handler: PostHandler,
+                 *, instance: str | None = None) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.handler = handler
+        self.instance = instance or leases.instance_id()
+        self.state = health.ListenerState(self.instance)
+        self.bot_user_id = ""
+        self.lease: leases.Lease | None = None  # set while this replica is the active one
+        self._last_seen: dict[str, int] = {}
+        self._user_names: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(config.max_concurrent)
+
+    # --- lease ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Stand by for the lease, hold it while it lasts, repeat until ``stop`` is set."""
+        session_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(timeout=session_timeout) as session:
+            client = MattermostClient(self.config.url, self.config.token, session)
+            while not stop.is_set():
+                lease = await self._wait_for_lease(stop)
+                if lease is None:
+                    return
+                log.info("mattermost listener %s active (fencing token %d)",
+                         self.instance, lease.token)
+                self.lease = lease
+                try:
+                    await self._hold(client, lease, stop)
+                finally:
+                    self.lease = None
+
+    async def _wait_for_lease(self, stop: asyncio.Event) -> leases.Lease | None:
+        poll = min(1.0, self.config.lease_seconds / 5)
+        while not stop.is_set():
+            try:
+                lease = await leases.acquire(self.runtime.durable, LEASE_NAME, self.instance,
+                                             self.config.lease_seconds)
+            except RedisError as exc:
+                log.warning("mattermost listener: cannot reach redis-durable: %s", exc)
+                lease = None
+            if lease is not None:
+                return lease
+            await _stopped(stop, poll)
+        return None
+
+    async def _hold(self, client: MattermostClient, lease: leases.Lease,
+                    stop: asyncio.Event) -> None:
+        lost = asyncio.Event()
+        self.state = health.ListenerState(self.instance)
+        self.state.set_connected(False)
+        self._last_seen = {}
+        floor_ms = int((time.time() - self.config.catchup_lookback) * 1000)
+        renewer = asyncio.create_task(self._renew(lease, lost))
+        beat = asyncio.create_task(self._heartbeat(lease))
+        session = asyncio.create_task(self._session(client, lease, floor_ms))
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+        try:
+            await asyncio.wait([session, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await _cancel(session, *waiters)
+            await self._drain()
+            await _cancel(renewer, beat)
+        if session.done() and not session.cancelled() and session.exception():
+            log.error("mattermost session failed", exc_info=session.exception())
+        if lost.is_set():
+            log.warning("mattermost listener %s lost its lease; standing by", self.instance)
+            return
+        with contextlib.suppress(RedisError):
+            await health.clear(self.runtime.cache, self.instance)
+            await leases.release(self.runtime.durable, lease)
+
+    async def _renew(self, lease: leases.Lease, lost: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(lease.ttl / 3)
+            try:
+                if not await leases.renew(self.runtime.durable, lease):
+                    break
+            except RedisError as exc:
+                log.warning("mattermost listener: lease renewal failed: %s", exc)
+                if not lease.locally_valid():
+                    break
+        lost.set()
+
+    # --- health flag -------------------------------------------------------------------
+
+    async def _heartbeat(self, lease: leases.Lease) -> None:
+        while lease.locally_valid():
+            await self._publish()
+            await asyncio.sleep(self.config.health_interval)
+
+    async def _publish(self) -> None:
+        try:
+            await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
+        except RedisError as exc:  # losing redis-cache changes no outcome (DESIGN §1)
+            log.warning("mattermost listener: health flag not written: %s", exc)
+
+    # --- socket ------------------------------------------------------------------------
+
+    async def _session(self, client: MattermostClient, lease: leases.Lease,
+                       floor_ms: int) -> None:
+        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        while True:
+            connected_at: float | None = None
+            try:
+                if not self.bot_user_id:
+                    self.bot_user_id = str((await client.me())["id"])
+                async with client.events(self.config.ws_heartbeat) as stream:
+                    async for event in stream:
+                        self.state.saw_event()
+                        if event.get("event") == "hello":
+                            connected_at = time.monotonic()
+                            self.state.set_connected(True)
+                            await self._publish()
+                            # Snapshot now: live posts after hello must not move the start.
+                            seen = dict(self._last_seen)
+                            self._spawn(self._catch_up(client, lease, seen, floor_ms))
+                            continue
+                        post = posted_post(event)
+                        if post is not None:
+                            self._spawn(self._process(client, lease, post))
+            except _NETWORK_ERRORS as exc:
+                log.warning("mattermost socket: %s", exc)
+            if connected_at is not None:
+                self.state.reconnects += 1
+                if time.monotonic() - connected_at >= self.config.healthy_after:
+                    backoff.reset()
+            self.state.set_connected(False)
+            await self._publish()
+            await asyncio.sleep(backoff.next())
+
+    async def _catch_up(self, client: MattermostClient, lease: leases.Lease,
+                        seen: dict[str, int], floor_ms: int) -> None:
+        """Read, per channel, what was posted while the socket was down, and answer it."""
+        margin_ms = int(self.config.catchup_margin * 1000)
+        try:
+            for channel_id in await client.my_channel_ids():
+                since = seen.get(channel_id, floor_ms + margin_ms) - margin_ms
+                for post in await client.posts_since(channel_id, since):
+                    self._spawn(self._process(client, lease, post))
+        except _NETWORK_ERRORS as exc:
+            log.warning("mattermost catch-up incomplete (next reconnect retries): %s", exc)
+
+    # --- one post ----------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(self._bounded(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+        async with self._slots:
+            try:
+                await coro
+            except RedisError as exc:  # the post stays unclaimed: a later catch-up takes it
+                log.warning("mattermost: redis-durable failed while handling a post: %s", exc)
+            except Exception:
+                log.exception("mattermost: handling a post failed")
+
+    async def _drain(self) -> None:
+        """Let posts in flight finish (bounded), then cancel what is left."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.config.drain_seconds)
+            await _cancel(*self._tasks)
+
+    def _wanted(self, post: Post) -> bool:
+        """Humans' posts only: not the bot's own replies, system messages or deleted posts."""
+        return (post.user_id != self.bot_user_id and not post.type.startswith("system_")
+                and not post.delete_at and bool(post.message.strip()))
+
+    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+        seen = self._last_seen.get(post.channel_id, 0)
+        self._last_seen[post.channel_id] = max(seen, post.create_at)
+        if not self._wanted(post):
+            return
+        durable, ttl = self.runtime.durable, self.config.dedup_ttl
+        try:
+            claim = await claims.claim(durable, keys.dedup_mattermost_post(post.id), ttl)
+        except RedisError as exc:
+            log.warning("mattermost post %s left for catch-up: %s", post.id, exc)
+            return
+        if not claim.claimed:
+            return
+        if not await leases.holds(durable, lease):
+            await claims.release(durable, claim)
+            return
+        sent = 0
+
+        async def send(text: str) -> None:
+            nonlocal sent
+            await self._send(client, lease, post, text)
+            sent += 1
+
+        try:
+            post = dataclasses.replace(post, user_name=await self._user_name(client, post))
+            await self.handler(post, send)
+        except BaseException as exc:
+            # Nothing sent: free the claim so a catch-up (ours or a successor's) answers it.
+            with contextlib.suppress(RedisError):
+                if sent:
+                    await claims.mark_done(durable, claim, ttl)
+                else:
+                    await claims.release(durable, claim)
+            if isinstance(exc, Exception):
+                log.exception("mattermost post %s: handler failed", post.id)
+            elif not isinstance(exc, LeaseLost):
+                raise
+            return
+        with contextlib.suppress(RedisError):
+            await claims.mark_done(durable, claim, ttl)
+
+    async def _user_name(self, client: MattermostClient, post: Post) -> str:
+        """The author's username (cached per process); the id when the lookup fails."""
+        if post.user_id not in self._user_names:
+            try:
+                user = await client.user(post.user_id)
+            except _NETWORK_ERRORS:
+                return post.user_id
+            self._user_names[post.user_id] = str(user.get("username") or post.user_id)
+        return self._user_names[post.user_id]
+
+    async def _send(self, client: MattermostClient, lease: leases.Lease, post: Post,
+                    text: str) -> None:
+        """One reply, after the fencing check. Limits and 429 retries (``RateLimited`` carries
+        ``retry_after``) belong to the caller: the shared delivery loop of the conversations."""
+        if not await leases.holds(self.runtime.durable, lease):
+            raise LeaseLost(f"lease {lease.token} is no longer ours")
+        await client.create_post(post.channel_id, text, post.root_id or None)
+
+
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel and reap; a cancellation of the caller itself still propagates."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
