@@ -19,6 +19,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.web.health",
     "gateway.adapters.webhooks",
     "gateway.web.jobs",
+    "gateway.adapters.mattermost",
 )
 
 
