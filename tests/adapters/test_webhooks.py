@@ -208,8 +208,9 @@ async def test_fifty_concurrent_deliveries_make_one_item(client: Any, runtime: R
 
 async def test_claim_released_after_injected_failure_lets_retry_through(
         client: Any, runtime: Runtime) -> None:
-    from gateway.adapters.inbound import INBOUND
     from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway.adapters.inbound import INBOUND
 
     intaker = client.app[INBOUND].intaker
     real_add = intaker._add
