@@ -12,7 +12,8 @@ from typing import Any
 from gateway.redis_clients import AnyRedis
 
 LUA_DIR = Path(__file__).parent / "lua"
-NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release")
+NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
+         "purge")
 
 
 def source(name: str) -> str:
@@ -33,6 +34,7 @@ class Scripts:
     reclaim: Any
     requeue: Any
     release: Any
+    purge: Any
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

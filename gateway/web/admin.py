@@ -1,0 +1,70 @@
+"""Admin HTTP routes of the pipeline (DESIGN §6), behind the admin bearer token."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from gateway.pipeline import deadletter
+from gateway.pipeline.stages import STAGES
+from gateway.pipeline.status import queue_depths
+from gateway.runtime import Runtime
+from gateway.web.auth import admin_only
+from gateway.web.errors import ApiError
+from gateway.web.keys import RUNTIME
+
+
+def _stage(request: web.Request) -> str:
+    stage = request.match_info["stage"]
+    if stage not in STAGES:
+        raise ApiError(404, "not_found", f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    return stage
+
+
+def _int_param(value: object, name: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ApiError(400, "bad_request", f"{name} must be an integer") from None
+    if not 1 <= number <= deadletter.MAX_BATCH:
+        raise ApiError(400, "bad_request", f"{name} must be 1-{deadletter.MAX_BATCH}")
+    return number
+
+
+@admin_only
+async def queues(request: web.Request) -> web.Response:
+    return web.json_response(await queue_depths(request.app[RUNTIME].durable))
+
+
+@admin_only
+async def dead_letters(request: web.Request) -> web.Response:
+    stage = _stage(request)
+    limit = _int_param(request.query.get("limit"), "limit", 100)
+    items = await deadletter.list_dead(request.app[RUNTIME].durable, stage, limit)
+    return web.json_response({"stage": stage, "items": items})
+
+
+@admin_only
+async def requeue(request: web.Request) -> web.Response:
+    """Body (optional): ``{"count": n}``; default: up to 1000, oldest first."""
+    stage = _stage(request)
+    count = deadletter.MAX_BATCH
+    if request.can_read_body:
+        try:
+            body = json.loads(await request.text() or "{}")
+        except ValueError:
+            raise ApiError(400, "bad_request", "body must be JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "bad_request", "body must be a JSON object")
+        count = _int_param(body.get("count"), "count", count)
+    ids = await deadletter.requeue(request.app[RUNTIME].durable, stage, count)
+    return web.json_response({"stage": stage, "requeued": ids})
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    app.router.add_get("/v1/admin/queues", queues)
+    app.router.add_get("/v1/admin/deadletter/{stage}", dead_letters)
+    app.router.add_post("/v1/admin/deadletter/{stage}/requeue", requeue)

@@ -1,0 +1,143 @@
+"""Admin routes (bearer token), dead-letter operations and GET /v1/search with its cache."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.pipeline import deadletter, queue, search
+from gateway.pipeline.handlers import StageContext, chunk, embed, store
+from gateway.pipeline.stages import dead_key, doc_key, meta_key, ready_key
+from tests.conftest import TEST_ADMIN_TOKEN
+
+AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+
+
+def _app(runtime) -> web.Application:
+    from gateway.web.app import create_app
+
+    return create_app(runtime, components=("gateway.web.health", "gateway.web.admin",
+                                           "gateway.web.search"))
+
+
+async def _dead(runtime, item_id: str) -> None:
+    await queue.enqueue(runtime.durable, item_id, {"text": item_id})
+    lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
+    assert (await queue.fail(runtime.durable, lease, "bad", max_failures=1)).dead
+
+
+async def test_admin_routes_need_the_token(runtime, make_client):
+    client = await make_client(_app(runtime))
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"},
+                    {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}x"}):
+        for method, path in (("GET", "/v1/admin/queues"),
+                             ("GET", "/v1/admin/deadletter/store"),
+                             ("POST", "/v1/admin/deadletter/store/requeue")):
+            resp = await client.request(method, path, headers=headers)
+            assert resp.status == 401, (headers, path)
+            body = await resp.json()
+            assert body["error"] == "unauthorized" and body["detail"]
+
+
+async def test_queues_deadletter_list_and_requeue(runtime, make_client):
+    client = await make_client(_app(runtime))
+    await _dead(runtime, "a")
+    await _dead(runtime, "b")
+    await queue.enqueue(runtime.durable, "c", {"text": "c"})
+    resp = await client.get("/v1/admin/queues", headers=AUTH)
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["stages"]["store"] == {"ready": 1, "inflight": 0, "delayed": 0, "dead": 2}
+    assert set(body["stages"]) == {"store", "chunk", "embed", "graph"}
+    resp = await client.get("/v1/admin/deadletter/store", headers=AUTH)
+    items = (await resp.json())["items"]
+    assert [i["item_id"] for i in items] == ["a", "b"] and items[0]["reason"] == "bad"
+    resp = await client.get("/v1/admin/deadletter/nope", headers=AUTH)
+    assert resp.status == 404 and (await resp.json())["error"] == "not_found"
+    resp = await client.post("/v1/admin/deadletter/store/requeue", headers=AUTH,
+                             data="{not json")
+    assert resp.status == 400
+    assert await runtime.durable.llen(dead_key("store")) == 2  # bad input lost nothing
+    resp = await client.post("/v1/admin/deadletter/store/requeue", headers=AUTH,
+                             json={"count": 1})
+    assert (await resp.json()) == {"stage": "store", "requeued": ["a"]}
+    resp = await client.post("/v1/admin/deadletter/store/requeue", headers=AUTH)
+    assert (await resp.json())["requeued"] == ["b"]
+    assert set(await runtime.durable.zrange(ready_key("store"), 0, -1)) == {"a", "b", "c"}
+    lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
+    assert lease.failures == 0 and lease.document is not None
+
+
+async def test_purge_archives_then_drops(runtime):
+    await _dead(runtime, "a")
+    await _dead(runtime, "b")
+    assert await deadletter.purge(runtime, "store", 1) == 1
+    rows = await runtime.pg.fetch("SELECT item_id, reason, document FROM pipeline_dead_letters")
+    assert [(r["item_id"], r["reason"], r["document"]) for r in rows] == [
+        ("a", "bad", {"text": "a"})]
+    assert not await runtime.durable.hexists(meta_key(), "a")
+    assert not await runtime.durable.hexists(doc_key(), "a")
+    assert await runtime.durable.hexists(meta_key(), "b")
+    assert (await queue.job_status(runtime, "a"))["state"] == "dead"
+    assert await deadletter.purge(runtime, "store", 0) == 0
+    assert await runtime.durable.llen(dead_key("store")) == 1
+
+
+async def _index(runtime, item_id: str, text: str) -> None:
+    """Run store, chunk and embed for one document, as the workers would."""
+    for handler, doc in ((store, {"text": text}), (chunk, None), (embed, None)):
+        async with runtime.pg.acquire() as conn, conn.transaction():
+            ctx = StageContext(item_id, handler.__name__, "normal", "other", doc, conn, runtime)
+            await handler(ctx)
+        for callback in ctx.after_commit:
+            await callback()
+
+
+async def test_search_ranks_by_cosine_and_caches(runtime, make_client):
+    client = await make_client(_app(runtime))
+    await _index(runtime, "redis", "Redis sorted sets make priority queues with ZPOPMIN.")
+    await _index(runtime, "pg", "PostgreSQL journals every stage completion in a table.")
+    resp = await client.get("/v1/search", params={"q": "redis priority queues"})
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["query"] == "redis priority queues"
+    assert body["results"][0]["item_id"] == "redis"
+    assert set(body["results"][0]) == {"item_id", "text", "score"}
+    cached = [k async for k in runtime.cache.scan_iter("cache:*")]
+    assert len(cached) == 2  # generation + one answer
+    assert [await runtime.cache.ttl(k) > 0 for k in cached] == [True, True]
+    hits_before = _metric("hit")
+    again = await (await client.get("/v1/search", params={"q": "redis priority queues"})).json()
+    assert again == body and _metric("hit") == hits_before + 1
+
+
+async def test_search_cache_invalidated_by_new_chunks_and_lost_generation(runtime, make_client):
+    client = await make_client(_app(runtime))
+    await _index(runtime, "one", "asyncio event loops")
+    first = await (await client.get("/v1/search", params={"q": "asyncio loops"})).json()
+    assert [r["item_id"] for r in first["results"]] == ["one"]
+    await _index(runtime, "two", "asyncio event loops and tasks")
+    second = await (await client.get("/v1/search", params={"q": "asyncio loops"})).json()
+    assert {r["item_id"] for r in second["results"]} == {"one", "two"}
+    # The generation key is evicted and a write lands meanwhile: a miss, never the old answer.
+    await runtime.cache.delete(search.generation_key())
+    async with runtime.pg.acquire() as conn:
+        await conn.execute("DELETE FROM pipeline_chunks WHERE item_id = 'two'")
+    third = await (await client.get("/v1/search", params={"q": "asyncio loops"})).json()
+    assert [r["item_id"] for r in third["results"]] == ["one"]
+
+
+async def test_search_rejects_bad_parameters(runtime, make_client):
+    client = await make_client(_app(runtime))
+    for params in ({}, {"q": " "}, {"q": "x", "limit": "0"}, {"q": "x", "limit": "abc"},
+                   {"q": "x" * 501}):
+        resp = await client.get("/v1/search", params=params)
+        assert resp.status == 400
+        assert (await resp.json())["error"] == "bad_request"
+
+
+def _metric(result: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("gateway_search_cache_total", {"result": result}) or 0.0
+
+
