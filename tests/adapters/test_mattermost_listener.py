@@ -227,3 +227,22 @@ def test_posted_event_decoding() -> None:
         "p1", 5, "")
     assert posted_post({"event": "posted", "data": {"post": "{oops"}}) is None
     assert posted_post({"event": "typing", "data": {}}) is None
+
+
+async def test_replies_go_through_the_conversation_service(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    from gateway.adapters.mattermost import default_handler
+
+    fake = fake_mattermost
+    async with running(runtime, handler=default_handler(runtime)):
+        await fake.wait_for_sockets(1)
+        first = await fake.create_post("general", "hello")
+        await fake.wait_for_replies(1)
+        await fake.create_post("general", "again")
+        await fake.wait_for_replies(2)
+    assert fake.reply_messages() == ["echo: hello (1 messages)", "echo: again (3 messages)"]
+    rows = await runtime.pg.fetch(
+        "SELECT c.platform, c.chat, m.role, m.user_name FROM conversation_messages m"
+        " JOIN conversations c ON c.id = m.conversation_id"
+        " WHERE m.platform_message_id = $1", first["id"])
+    assert [tuple(r) for r in rows] == [("mattermost", "general", "user", "alice")]

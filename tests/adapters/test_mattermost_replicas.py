@@ -1,0 +1,114 @@
+"""Two real ``gateway listen mattermost`` processes against the same stores and fake server:
+one is active, the other stands by and takes over after the first is killed -9."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway import leases
+from gateway.adapters import mattermost_health as health
+from gateway.adapters.mattermost_listener import LEASE_NAME
+from gateway.runtime import Runtime
+from tests.adapters.mattermost_helpers import FAST, LEASE_SECONDS
+from tests.conftest import ServerSet
+from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+Process = asyncio.subprocess.Process
+
+
+def listener_env(servers: ServerSet, fake: FakeMattermost, directory: Path) -> dict[str, str]:
+    config = directory / "gateway.toml"
+    config.write_text("[mattermost]\n" + "".join(f"{k} = {v}\n" for k, v in FAST.items()))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GATEWAY_", "MATTERMOST_", "TELEGRAM_", "SLACK_"))}
+    env.update({
+        "GATEWAY_DURABLE_URL": servers.durable_url,
+        "GATEWAY_CACHE_URL": servers.cache_url,
+        "GATEWAY_DATABASE_URL": servers.database_url,
+        "MATTERMOST_URL": fake.url,
+        "MATTERMOST_TOKEN": MATTERMOST_TOKEN,
+        "GATEWAY_LISTENER_LEASE_SECONDS": str(LEASE_SECONDS),
+        "GATEWAY_CONFIG": str(config),
+    })
+    return env
+
+
+@pytest.fixture
+async def spawn(tmp_path: Path) -> AsyncIterator[list[Process]]:
+    """Started processes are collected here and killed at the end, whatever happens."""
+    procs: list[Process] = []
+    yield procs
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def start_listener(env: dict[str, str], log: Path) -> Process:
+    with log.open("wb") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "listen", "mattermost",
+            cwd=ROOT, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
+
+
+def pid_of(holder: str) -> int:
+    return int(holder.split(":")[1])  # leases.instance_id(): host:pid:random
+
+
+@pytest.mark.slow
+async def test_two_listeners_one_active_then_takeover_after_kill9(
+        runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
+        spawn: list[Process], tmp_path: Path) -> None:
+    fake = fake_mattermost
+    loop = asyncio.get_running_loop()
+    env = listener_env(servers, fake, tmp_path)
+    spawn.extend([await start_listener(env, tmp_path / f"listener{i}.log") for i in range(2)])
+
+    await fake.wait_for_sockets(1, timeout=30)
+    first = await wait_until(lambda: leases.current(runtime.durable, LEASE_NAME), timeout=5)
+    active = next(p for p in spawn if p.pid == pid_of(first[0]))
+    standby = next(p for p in spawn if p is not active)
+    await fake.create_post("general", "one")
+    await fake.wait_for_replies(1, timeout=10)
+    flag = await health.read(runtime.cache)
+    assert flag is not None and flag["instance"] == first[0] and flag["connected"]
+    assert fake.ws_connections == 1 and standby.returncode is None  # standing by, not connected
+
+    active.kill()  # SIGKILL: no release, no goodbye; the lease must run out
+    await active.wait()
+    killed_at = loop.time()
+    missed = await fake.create_post("general", "while nobody listened")
+    await wait_until(lambda: fake.ws_connections == 2 and fake.open_sockets == 1, timeout=10,
+                     message="the standby's connection")
+    took = loop.time() - killed_at
+    assert took < LEASE_SECONDS + 1.5, f"takeover took {took:.2f} s"
+    second = await leases.current(runtime.durable, LEASE_NAME)
+    assert second is not None and pid_of(second[0]) == standby.pid and second[1] > first[1]
+
+    replies = await fake.wait_for_replies(2, timeout=10)  # the missed post, after catch-up
+    assert "while nobody listened" in replies[1]["message"] and len(fake.replies()) == 2
+
+    async def flag_of_standby() -> bool:
+        value = await health.read(runtime.cache)
+        return value is not None and value["instance"] == second[0]
+
+    await wait_until(flag_of_standby, timeout=5, message="the new holder's flag")
+    standby.kill()
+    await standby.wait()
+    killed_at = loop.time()
+
+    async def flag_gone() -> bool:
+        return await health.read(runtime.cache) is None
+
+    await wait_until(flag_gone, timeout=5, message="flag expiry after kill -9")
+    assert loop.time() - killed_at <= FAST["health_ttl"] + 1.0
+    assert len(fake.replies()) == 2 and missed["id"]
