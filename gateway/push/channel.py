@@ -6,14 +6,18 @@ Redis Cluster) can replace them in one place.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gateway import keys
 from gateway.redis_clients import AnyRedis
 
 log = logging.getLogger("gateway.push")
+IDLE_CHANNEL = keys.push_channel("gateway.idle")
 
 
 def signal_body(topic: str, offset: int, kind: str, epoch: int) -> str:
@@ -43,3 +47,114 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
         log.warning("push signal for %s:%s not sent: %s", topic, offset, type(exc).__name__)
         return False
+
+
+class SignalListener:
+    """One Redis pub/sub connection for the whole process, subscribed to the ``push:``
+    channel of every topic some local client follows.
+
+    ``run`` keeps it connected: on a failure it reports ``on_state(False)``, reconnects with
+    backoff, re-subscribes, and reports ``on_state(True)`` once every channel is confirmed
+    (the caller then re-reads the feed: signals sent while it was away are gone).
+    """
+
+    def __init__(self, cache: AnyRedis, on_signal: Callable[[dict[str, Any]], None],
+                 on_state: Callable[[bool], None]) -> None:
+        self._cache = cache
+        self._on_signal = on_signal
+        self._on_state = on_state
+        self._wanted: set[str] = set()
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._pubsub: Any = None
+        self._send_lock = asyncio.Lock()
+        self.connected = False
+
+    async def add(self, topic: str, timeout: float) -> bool:
+        """Subscribe to a topic's channel; True once Redis confirmed it within ``timeout``."""
+        channel = keys.push_channel(topic)
+        event = self._confirmed.setdefault(channel, asyncio.Event())
+        if channel not in self._wanted:
+            self._wanted.add(channel)
+            await self._send("subscribe", channel)
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def remove(self, topic: str) -> None:
+        channel = keys.push_channel(topic)
+        if channel in self._wanted:
+            self._wanted.discard(channel)
+            self._confirmed.pop(channel, None)
+            await self._send("unsubscribe", channel)
+
+    async def _send(self, command: str, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is None:
+            return  # the next connection subscribes to everything wanted
+        try:
+            async with self._send_lock:
+                await getattr(pubsub, command)(channel)
+        except Exception as exc:  # the reader notices the broken connection and reconnects
+            log.debug("push %s %s failed: %s", command, channel, type(exc).__name__)
+
+    async def run(self, stop: asyncio.Event, backoff_cap: float = 2.0) -> None:
+        backoff = 0.05
+        while not stop.is_set():
+            self._pubsub = self._cache.pubsub()
+            try:
+                await self._session(stop)
+                backoff = 0.05
+            except Exception as exc:
+                log.warning("push signals unavailable (%s); polling the feed",
+                            type(exc).__name__)
+            finally:
+                self._set_state(False)
+                pubsub, self._pubsub = self._pubsub, None
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, backoff_cap)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        pubsub = self._pubsub
+        for event in self._confirmed.values():
+            event.clear()
+        # The idle channel keeps the connection subscribed (so readable) with no topics; it is
+        # a push: channel of a topic nobody writes.
+        async with self._send_lock:
+            await pubsub.subscribe(IDLE_CHANNEL, *self._wanted)
+        resync = True
+        idle_seen = False
+        while not stop.is_set():
+            message = await pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            kind, channel = message["type"], message["channel"]
+            if kind == "subscribe":
+                # redis-py may reconnect and re-subscribe by itself: a second confirmation of
+                # a channel means signals were lost in between, so the caller must re-read.
+                confirmed = self._confirmed.get(channel)
+                if (confirmed is not None and confirmed.is_set()) or (
+                        channel == IDLE_CHANNEL and idle_seen):
+                    resync = True
+                idle_seen = idle_seen or channel == IDLE_CHANNEL
+                if confirmed is not None:
+                    confirmed.set()
+                if resync and message["data"] >= len(self._wanted) + 1:
+                    resync = False
+                    self.connected = True
+                    self._on_state(True)
+            elif kind == "message":
+                body = parse_signal(message["data"])
+                if body is not None:
+                    self._on_signal(body)
+
+    def _set_state(self, up: bool) -> None:
+        if not up:
+            self.connected = False
+            for event in self._confirmed.values():
+                event.clear()
+        self._on_state(up)

@@ -83,8 +83,9 @@ async def append(conn: asyncpg.Connection, topic: str, kind: str,
     Publish the returned row with :func:`publish` only after that transaction commits.
     """
     check_topic(topic)
-    if not kind or len(kind) > KIND_MAX:
-        raise FeedError(f"kind must be 1-{KIND_MAX} characters")
+    if not kind or len(kind) > KIND_MAX or not kind.isprintable():
+        # The kind becomes an SSE "event:" line: no line breaks or control characters.
+        raise FeedError(f"kind must be 1-{KIND_MAX} printable characters")
     if not isinstance(payload, dict):
         raise FeedError("payload must be a JSON object")
     record = await conn.fetchrow(_APPEND, topic, kind, payload)
@@ -144,3 +145,23 @@ async def read(pool: asyncpg.Pool | asyncpg.Connection, topic: str, after: int,
     """(epoch, rows with offset > after in order, at most limit)."""
     page = await read_page(pool, topic, after, limit)
     return page.epoch, page.rows
+
+
+@dataclass(frozen=True)
+class Head:
+    """Where a topic stands: its epoch, newest offset, and how far retention trimmed it."""
+
+    epoch: int = 1
+    last_offset: int = 0
+    trimmed_through: int = 0
+
+
+async def heads(pool: asyncpg.Pool | asyncpg.Connection,
+                topics: list[str]) -> dict[str, Head]:
+    """The head of each topic in one query; never-written topics are ``Head()``."""
+    records = await pool.fetch(
+        "SELECT topic, epoch, last_offset, trimmed_through FROM feed_topics"
+        " WHERE topic = ANY($1::text[])", topics)
+    found = {r["topic"]: Head(r["epoch"], r["last_offset"], r["trimmed_through"])
+             for r in records}
+    return {topic: found.get(topic, Head()) for topic in topics}

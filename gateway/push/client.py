@@ -1,0 +1,317 @@
+"""An async Python client for the push channel: SSE for speed, the feed for completeness.
+
+It tracks ``(epoch, offset)`` per topic and hands out each row exactly once, in order per
+topic. It goes back to ``GET /v1/feed`` when a row skips ahead (offset ≠ last + 1), when the
+epoch changes, after every (re)connect, and after ``poll_seconds`` of silence, so a lost
+signal, a dropped connection or a server restart costs latency, never a row.
+
+    async with PushClient("http://127.0.0.1:8080", ["pipeline"]) as client:
+        async for row in client:
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from gateway.push.cursor import format_cursor
+from gateway.push.cursor import parse as parse_cursor
+from gateway.push.feed import FeedRow
+from gateway.push.sse import DISCONNECT_EVENT
+
+log = logging.getLogger("gateway.push.client")
+
+
+class PushError(RuntimeError):
+    """The server refused the stream or the feed (status and JSON error in the message)."""
+
+
+@dataclass
+class _Track:
+    epoch: int | None = None
+    offset: int | None = None  # None: start live, from wherever the server says the head is
+
+
+@dataclass
+class SseEvent:
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+
+
+def row_from_json(body: Mapping[str, Any]) -> FeedRow:
+    return FeedRow(str(body["topic"]), int(body["offset"]), int(body["epoch"]),
+                   str(body["kind"]), dict(body["payload"]),
+                   datetime.fromisoformat(str(body["created_at"])))
+
+
+async def iter_sse(content: aiohttp.StreamReader) -> AsyncIterator[SseEvent | None]:
+    """SSE events as they arrive; None for a comment (a heartbeat: the line is alive)."""
+    event = SseEvent()
+    data: list[str] = []
+    async for raw in content:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                event.data = "\n".join(data)
+                yield event
+            event, data = SseEvent(), []
+        elif line.startswith(":"):
+            yield None
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                data.append(value)
+            elif name == "event":
+                event.event = value
+            elif name == "id":
+                event.id = value
+
+
+class PushClient:
+    def __init__(self, base_url: str, topics: Sequence[str], *,
+                 since: Mapping[str, int] | str | None = None, poll_seconds: float = 5.0,
+                 dead_after_seconds: float = 40.0, page_rows: int = 500,
+                 session: aiohttp.ClientSession | None = None,
+                 headers: Mapping[str, str] | None = None, buffer_rows: int = 10000,
+                 on_trimmed: Callable[[str, int, int], None] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.topics = tuple(dict.fromkeys(topics))
+        if isinstance(since, str):
+            since = parse_cursor(since)
+        self._tracks = {t: _Track(offset=(since or {}).get(t)) for t in self.topics}
+        self.poll_seconds = poll_seconds
+        self.dead_after_seconds = dead_after_seconds
+        self.page_rows = page_rows
+        self._session = session
+        self._own_session = session is None
+        self._headers = dict(headers or {})
+        self._on_trimmed = on_trimmed
+        self._out: asyncio.Queue[FeedRow] = asyncio.Queue(buffer_rows)
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        # Counters, for tests and for operators who want to know how the client is doing.
+        self.connects = 0
+        self.gap_fills = 0
+        self.lost_to_retention = 0
+        self.last_disconnect_reason: str | None = None
+
+    # --- public ----------------------------------------------------------------------
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """The offset of the last row delivered per topic (unknown topics left out)."""
+        return {t: tr.offset for t, tr in self._tracks.items() if tr.offset is not None}
+
+    @property
+    def cursor(self) -> str:
+        return format_cursor(self.positions)
+
+    async def start(self) -> PushClient:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def get(self, timeout: float | None = None) -> FeedRow:
+        """The next row (waits up to ``timeout`` seconds, then raises TimeoutError)."""
+        if self._task is not None and self._task.done() and self._out.empty():
+            self._task.result()  # re-raise what stopped the client
+        return await asyncio.wait_for(self._out.get(), timeout)
+
+    def __aiter__(self) -> AsyncIterator[FeedRow]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[FeedRow]:
+        while True:
+            yield await self.get()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._own_session and self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> PushClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- connection ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                await self._stream_once()
+                backoff = 0.05
+            except (aiohttp.ClientError, TimeoutError, PushError, ValueError) as exc:
+                log.info("push stream interrupted: %s", exc)
+            self._connected.clear()
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, PushError):
+                await self._fill_all()  # a reconnect is a possible gap
+            await asyncio.sleep(backoff)  # reconnect backoff, not a synchronisation
+            backoff = min(backoff * 2, 2.0)
+
+    async def _stream_once(self) -> None:
+        assert self._session is not None
+        headers = {"Accept": "text/event-stream", **self._headers}
+        if self.positions:
+            headers["Last-Event-ID"] = self.cursor
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
+        async with self._session.get(f"{self.base_url}/v1/stream",
+                                     params={"topics": ",".join(self.topics)},
+                                     headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise PushError(f"stream answered {resp.status}: {(await resp.text())[:300]}")
+            self._adopt_start(resp.headers)
+            self.connects += 1
+            await self._fill_all()  # subscribed first (the server did), now read, then merge
+            self._connected.set()
+            await self._consume(resp.content)
+
+    def _adopt_start(self, headers: Mapping[str, str]) -> None:
+        """Take the server's starting position for live topics and its epochs."""
+        offsets = parse_cursor(headers.get("X-Stream-Cursor", ""))
+        epochs = parse_cursor(headers.get("X-Stream-Epochs", ""))
+        for topic, track in self._tracks.items():
+            epoch, offset = epochs.get(topic), offsets.get(topic)
+            if epoch is None or offset is None:
+                continue
+            if track.offset is None:
+                track.epoch, track.offset = epoch, offset
+            elif track.epoch is None:
+                track.epoch = epoch
+                track.offset = min(track.offset, offset)  # the server reset a stale cursor
+            elif track.epoch != epoch:
+                track.epoch, track.offset = epoch, 0
+
+    async def _consume(self, content: aiohttp.StreamReader) -> None:
+        # A separate reader task: a timed-out wait on a queue is harmless, whereas cancelling
+        # a read inside the SSE parser would end the parser.
+        events: asyncio.Queue[SseEvent | BaseException | None] = asyncio.Queue(256)
+        reader = asyncio.create_task(_pump(content, events))
+        silent = 0.0
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), self.poll_seconds)
+                except TimeoutError:
+                    # Silence past a poll interval: maybe signals are lost. Ask the feed.
+                    silent += self.poll_seconds
+                    if silent >= self.dead_after_seconds:
+                        raise TimeoutError(f"no byte from the stream for {silent:g} s") from None
+                    await self._fill_all()
+                    continue
+                silent = 0.0
+                if isinstance(event, BaseException):
+                    if isinstance(event, _EndOfStream):
+                        return
+                    raise event
+                if event is None:
+                    continue
+                if event.event == DISCONNECT_EVENT:
+                    self.last_disconnect_reason = event.data
+                    log.warning("push stream closed by the server: %s", event.data)
+                    return
+                await self._on_row(row_from_json(json.loads(event.data)))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    # --- merging ---------------------------------------------------------------------------
+
+    async def _on_row(self, row: FeedRow) -> None:
+        track = self._tracks.get(row.topic)
+        if track is None or track.offset is None:
+            return
+        if track.epoch is not None and row.epoch != track.epoch:
+            if row.epoch > track.epoch:  # the feed was reset: replay the new epoch from 1
+                track.epoch, track.offset = row.epoch, 0
+                await self._fill(row.topic)
+            return
+        track.epoch = row.epoch
+        if row.offset <= track.offset:
+            return  # seen already
+        if row.offset > track.offset + 1:
+            await self._fill(row.topic)
+            if row.offset <= (track.offset or 0):
+                return
+        await self._deliver(row)
+
+    async def _deliver(self, row: FeedRow) -> None:
+        track = self._tracks[row.topic]
+        if track.offset is not None and row.offset > track.offset + 1:
+            self._report_trimmed(row.topic, track.offset + 1, row.offset - 1)
+        track.offset = row.offset
+        await self._out.put(row)
+
+    def _report_trimmed(self, topic: str, first: int, last: int) -> None:
+        self.lost_to_retention += last - first + 1
+        log.warning("push: %s offsets %d-%d were trimmed by retention before we read them",
+                    topic, first, last)
+        if self._on_trimmed is not None:
+            self._on_trimmed(topic, first, last)
+
+    async def _fill_all(self) -> None:
+        for topic in self.topics:
+            await self._fill(topic)
+
+    async def _fill(self, topic: str) -> None:
+        """Deliver every row after our position from ``GET /v1/feed``."""
+        assert self._session is not None
+        track = self._tracks[topic]
+        if track.offset is None:
+            return
+        self.gap_fills += 1
+        while True:
+            async with self._session.get(
+                    f"{self.base_url}/v1/feed", headers=self._headers,
+                    params={"topic": topic, "after": str(track.offset),
+                            "limit": str(self.page_rows)},
+                    timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status != 200:
+                    raise PushError(f"feed answered {resp.status}: {(await resp.text())[:300]}")
+                body = await resp.json()
+            epoch = int(body["epoch"])
+            if track.epoch is not None and epoch != track.epoch:
+                track.epoch, track.offset = epoch, 0
+                continue
+            track.epoch = epoch
+            rows = [row_from_json(r) for r in body["rows"]]
+            for row in rows:
+                if row.offset > track.offset:
+                    await self._deliver(row)
+            if len(rows) < self.page_rows:
+                return
+
+
+class _EndOfStream(Exception):
+    """The server closed the stream."""
+
+
+async def _pump(content: aiohttp.StreamReader,
+                events: asyncio.Queue[SseEvent | BaseException | None]) -> None:
+    try:
+        async for event in iter_sse(content):
+            await events.put(event)
+        await events.put(_EndOfStream())
+    except Exception as exc:  # handed to the consumer, which reconnects
+        await events.put(exc)

@@ -1,0 +1,265 @@
+"""One fan-out hub per process: a single Redis subscriber and a single feed reader per topic,
+shared by every SSE client of that process.
+
+A signal only says "topic T has offset N now". The hub reads the new rows from the feed once
+(``offset > head``, so a lost signal is cured by the next one or by the poll) and offers each
+row to every local subscriber's bounded buffer. A subscriber whose buffer is full is closed
+with a reason instead of growing memory. While redis-cache is unreachable the hub polls the
+feed every ``degraded_poll_seconds``; when it comes back, every topic is re-read at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from gateway.push import feed
+from gateway.push.channel import SignalListener
+from gateway.push.feed import FeedRow
+from gateway.push.settings import PushSettings
+from gateway.redis_clients import AnyRedis
+
+log = logging.getLogger("gateway.push")
+
+
+class Disconnected(Exception):
+    """The hub closed this subscriber; ``reason`` says why (sent to the client)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Subscriber:
+    """One client's bounded buffer of rows offered by the hub."""
+
+    def __init__(self, topics: tuple[str, ...], max_rows: int) -> None:
+        self.topics = topics
+        self.max_rows = max_rows
+        self.closed: str | None = None
+        # While the client replays a backlog from the feed, live rows it cannot buffer are
+        # dropped and ``missed`` set: the replay re-reads them from the feed afterwards.
+        self.catching_up = False
+        self.missed = False
+        self._queue: asyncio.Queue[FeedRow | None] = asyncio.Queue(max_rows + 1)
+
+    def offer(self, row: FeedRow) -> None:
+        if self.closed is not None:
+            return
+        if self._queue.qsize() >= self.max_rows:
+            if self.catching_up:
+                self.missed = True
+            else:
+                self.close(f"too_slow: more than {self.max_rows} rows waiting for this client")
+            return
+        self._queue.put_nowait(row)
+
+    def close(self, reason: str) -> None:
+        """Drop what is buffered (memory goes back at once) and wake the reader."""
+        if self.closed is not None:
+            return
+        self.closed = reason
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)
+
+    async def next(self, timeout: float) -> FeedRow | None:
+        """The next row, or None after ``timeout`` seconds; raises Disconnected once closed."""
+        if self.closed is not None:
+            raise Disconnected(self.closed)
+        try:
+            row = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+        if row is None:
+            raise Disconnected(self.closed or "closed")
+        return row
+
+    def drain(self) -> list[FeedRow]:
+        """Everything buffered right now, without waiting."""
+        rows = []
+        while not self._queue.empty():
+            row = self._queue.get_nowait()
+            if row is None:
+                raise Disconnected(self.closed or "closed")
+            rows.append(row)
+        return rows
+
+
+@dataclass
+class _Topic:
+    name: str
+    epoch: int = 1
+    head: int | None = None  # None until the first read after the subscription
+    subscribers: set[Subscriber] = field(default_factory=set)
+    dirty: bool = False
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Hub:
+    def __init__(self, pool: asyncpg.Pool, cache: AnyRedis, config: PushSettings) -> None:
+        self.pool = pool
+        self.config = config
+        self.listener = SignalListener(cache, self._on_signal, self._on_state)
+        self.topics: dict[str, _Topic] = {}
+        self.signals_up = False
+        self._poke = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # --- subscribers -------------------------------------------------------------------
+
+    async def subscribe(self, topics: Iterable[str]) -> Subscriber:
+        """Register a subscriber; returns once each topic's signal subscription is confirmed
+        (or timed out: then polling carries it) and the hub knows each topic's head."""
+        names = tuple(dict.fromkeys(topics))
+        sub = Subscriber(names, self.config.client_buffer_rows)
+        fresh = []
+        for name in names:
+            state = self.topics.get(name)
+            if state is None:
+                state = self.topics[name] = _Topic(name)
+                fresh.append(state)
+            state.subscribers.add(sub)
+        if fresh:
+            await asyncio.gather(*(self.listener.add(s.name, self.config.subscribe_timeout_seconds)
+                                   for s in fresh))
+            for state in fresh:
+                self._wake(state)
+        for name in names:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.topics[name].ready.wait(),
+                                       self.config.subscribe_timeout_seconds)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        for name in sub.topics:
+            state = self.topics.get(name)
+            if state is None:
+                continue
+            state.subscribers.discard(sub)
+            if not state.subscribers:
+                del self.topics[name]
+                if state.task is not None:
+                    state.task.cancel()
+                self._spawn(self._forget(name))
+
+    async def _forget(self, name: str) -> None:
+        if name not in self.topics:  # nobody subscribed again in the meantime
+            await self.listener.remove(name)
+
+    def close_all(self, reason: str) -> None:
+        for state in self.topics.values():
+            for sub in list(state.subscribers):
+                sub.close(reason)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len({sub for state in self.topics.values() for sub in state.subscribers})
+
+    # --- reading the feed ----------------------------------------------------------------
+
+    def _on_signal(self, body: dict[str, Any]) -> None:
+        state = self.topics.get(body["topic"])
+        if state is None:
+            return
+        if state.head is None or body["epoch"] != state.epoch or body["offset"] > state.head:
+            self._wake(state)
+
+    def _on_state(self, up: bool) -> None:
+        changed = up != self.signals_up
+        self.signals_up = up
+        if up:  # signals sent while we were away are gone: re-read every topic
+            for state in list(self.topics.values()):
+                self._wake(state)
+        if changed:
+            self._poke.set()
+
+    def _wake(self, state: _Topic) -> None:
+        state.dirty = True
+        if state.task is None or state.task.done():
+            state.task = asyncio.create_task(self._refresh(state))
+
+    async def _refresh(self, state: _Topic) -> None:
+        """Read rows after the hub's head until none are left, offering each to subscribers."""
+        try:
+            while state.dirty:
+                state.dirty = False
+                if state.head is None:
+                    head = (await feed.heads(self.pool, [state.name]))[state.name]
+                    state.epoch, state.head = head.epoch, head.last_offset
+                    state.ready.set()
+                    continue
+                page = await feed.read_page(self.pool, state.name, state.head,
+                                            self.config.page_rows)
+                if page.epoch != state.epoch:  # reset: the new epoch starts at offset 1
+                    state.epoch, state.head, state.dirty = page.epoch, 0, True
+                    continue
+                for row in page.rows:
+                    for sub in list(state.subscribers):
+                        sub.offer(row)
+                    state.head = row.offset
+                if len(page.rows) == self.config.page_rows:
+                    state.dirty = True
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("push: reading feed %s failed (%s); the poll retries",
+                        state.name, type(exc).__name__)
+
+    async def _poll(self) -> None:
+        """Wake every topic whose head moved without a signal reaching us."""
+        known = [s for s in self.topics.values() if s.head is not None]
+        if not known:
+            return
+        heads = await feed.heads(self.pool, [s.name for s in known])
+        for state in known:
+            head = heads[state.name]
+            if head.epoch != state.epoch or head.last_offset != state.head:
+                self._wake(state)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        listener = asyncio.create_task(self.listener.run(stop))
+        try:
+            while not stop.is_set():
+                interval = (self.config.poll_seconds if self.signals_up
+                            else self.config.degraded_poll_seconds)
+                self._poke.clear()
+                await _first_of(interval, self._poke.wait(), stop.wait())
+                if stop.is_set():
+                    break
+                try:
+                    await self._poll()
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("push: feed poll failed (%s)", type(exc).__name__)
+        finally:
+            stop.set()
+            listener.cancel()  # its read waits up to a second; closing now is safe
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            for state in self.topics.values():
+                if state.task is not None:
+                    state.task.cancel()
+            for task in list(self._background):
+                task.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _first_of(timeout: float, *coros: Any) -> None:
+    """Wait until the first of ``coros`` finishes or ``timeout`` passes; cancel the rest."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,83 @@
+"""Feed retention and reset.
+
+Retention trims a *prefix* of each topic (every offset up to a cut), never a hole in the
+middle, and records the cut in ``feed_topics.trimmed_through``. A reader whose cursor is
+below the cut gets the rows after the cut; ``GET /v1/feed`` says so with
+``"trimmed_through"``, and the Python client reports the lost range instead of waiting for
+rows that no longer exist. A reset deletes a topic's rows, restarts offsets at 1 and raises
+its epoch, so every client knows its old offsets mean nothing any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from gateway.push.channel import publish_signal
+from gateway.push.feed import check_topic
+from gateway.push.settings import PushSettings
+from gateway.redis_clients import AnyRedis
+
+log = logging.getLogger("gateway.push")
+_RETENTION_LOCK = 0x67777066  # one process trims at a time; the others skip the round
+
+_TRIM = """
+WITH cut AS (
+    SELECT t.topic,
+           GREATEST(
+               t.last_offset - $2::bigint,
+               COALESCE((SELECT max(f."offset") FROM feed f
+                         WHERE f.topic = t.topic
+                           AND f.created_at < clock_timestamp() - make_interval(secs => $1)), 0)
+           ) AS upto
+    FROM feed_topics t
+), moved AS (
+    UPDATE feed_topics t SET trimmed_through = cut.upto
+    FROM cut WHERE t.topic = cut.topic AND cut.upto > t.trimmed_through
+    RETURNING t.topic, t.trimmed_through
+)
+DELETE FROM feed f USING moved
+WHERE f.topic = moved.topic AND f."offset" <= moved.trimmed_through
+"""
+
+
+async def trim(pool: asyncpg.Pool, *, max_age_seconds: float, max_rows: int) -> int:
+    """Delete rows older than ``max_age_seconds`` or beyond the newest ``max_rows`` of their
+    topic (as a prefix); returns how many rows went."""
+    async with pool.acquire() as conn, conn.transaction():
+        if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", _RETENTION_LOCK):
+            return 0
+        status = await conn.execute(_TRIM, float(max_age_seconds), int(max_rows))
+    return int(status.split()[-1])
+
+
+async def reset(pool: asyncpg.Pool, cache: AnyRedis, topic: str) -> int:
+    """Delete every row of ``topic``, restart its offsets and raise its epoch; returns the
+    new epoch and signals it (offset 0, kind ``reset``)."""
+    check_topic(topic)
+    async with pool.acquire() as conn, conn.transaction():
+        epoch = await conn.fetchval(
+            "INSERT INTO feed_topics AS t (topic, epoch) VALUES ($1, 2)"
+            " ON CONFLICT (topic) DO UPDATE SET epoch = t.epoch + 1, last_offset = 0,"
+            " trimmed_through = 0 RETURNING t.epoch", topic)
+        await conn.execute("DELETE FROM feed WHERE topic = $1", topic)
+    await publish_signal(cache, topic, 0, "reset", epoch)
+    return int(epoch)
+
+
+async def run_retention(pool: asyncpg.Pool, config: PushSettings, stop: asyncio.Event) -> None:
+    """Trim every ``retention_interval_seconds`` until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            removed = await trim(pool, max_age_seconds=config.retention_days * 86400,
+                                 max_rows=config.retention_max_rows)
+            if removed:
+                log.info("feed retention removed %d rows", removed)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("feed retention failed: %s", exc)
+        try:
+            await asyncio.wait_for(stop.wait(), config.retention_interval_seconds)
+        except TimeoutError:
+            pass

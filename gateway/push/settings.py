@@ -1,0 +1,50 @@
+"""Push tunables, from the ``[push]`` table of the TOML configuration (all optional)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gateway.config import ConfigError, Settings
+
+
+@dataclass(frozen=True)
+class PushSettings:
+    # Safety-net poll of the feed while pub/sub works (cures a signal lost in flight).
+    poll_seconds: float = 5.0
+    # Poll interval while redis-cache is unreachable: streams degrade, they do not die.
+    degraded_poll_seconds: float = 1.0
+    heartbeat_seconds: float = 15.0
+    # Rows buffered per SSE client; a client that lets more pile up is disconnected.
+    client_buffer_rows: int = 1000
+    # A single write to a client that does not finish in this time disconnects it.
+    write_timeout_seconds: float = 10.0
+    subscribe_timeout_seconds: float = 2.0
+    max_topics_per_stream: int = 50
+    page_rows: int = 500
+    # Retention: rows older than this, or beyond the newest max_rows of a topic, are trimmed.
+    retention_days: float = 30.0
+    retention_max_rows: int = 1_000_000
+    retention_interval_seconds: float = 600.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PushSettings:
+        section = settings.section("push")
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name not in section:
+                continue
+            raw = section[spec.name]
+            kind = int if spec.type in ("int", int) else float
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"[push].{spec.name}",
+                                  f"must be a number (got {raw!r})") from None
+            if value <= 0:
+                raise ConfigError(f"[push].{spec.name}", "must be positive")
+            values[spec.name] = value
+        unknown = set(section) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"[push].{sorted(unknown)[0]}", "unknown setting")
+        return cls(**values)

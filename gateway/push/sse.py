@@ -1,0 +1,201 @@
+"""``GET /v1/stream``: Server-Sent Events over the hub (DESIGN §4, §6).
+
+Order of a (re)connection: subscribe at the hub first, then read the feed after the client's
+cursor, then merge what the hub offers, dropping every row at or below the offset already
+sent for its topic. A row that skips ahead (offset > sent + 1) or carries a new epoch makes
+the stream re-read the feed from its position, so the client sees each row once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import asyncpg
+from aiohttp import web
+
+from gateway.push import cursor as cursors
+from gateway.push import feed
+from gateway.push.feed import FeedError, FeedRow
+from gateway.push.hub import Disconnected, Hub, Subscriber
+from gateway.push.settings import PushSettings
+from gateway.web.errors import ApiError
+
+log = logging.getLogger("gateway.push")
+
+# Named event the server sends right before it closes a stream on purpose.
+DISCONNECT_EVENT = "gateway.disconnect"
+# How often an idle stream checks that its client is still there.
+LIVENESS_SECONDS = 2.0
+
+
+def parse_topics(text: str | None, limit: int) -> tuple[str, ...]:
+    if not text:
+        raise ApiError(400, "bad_request", "topics is required, e.g. ?topics=pipeline")
+    topics = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not topics:
+        raise ApiError(400, "bad_request", "topics is required, e.g. ?topics=pipeline")
+    if len(topics) > limit:
+        raise ApiError(400, "bad_request", f"at most {limit} topics per stream")
+    try:
+        for topic in topics:
+            feed.check_topic(topic)
+    except FeedError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    return topics
+
+
+def parse_since(request: web.Request) -> dict[str, int]:
+    text = request.headers.get("Last-Event-ID") or request.query.get("since") or ""
+    try:
+        return cursors.parse(text)
+    except FeedError as exc:
+        raise ApiError(400, "bad_request", f"Last-Event-ID/since: {exc}") from None
+
+
+@dataclass
+class _Position:
+    epoch: int
+    offset: int
+
+
+class _Stream:
+    """One client's stream: positions per topic, the response, and the merge logic."""
+
+    def __init__(self, request: web.Request, pool: asyncpg.Pool, sub: Subscriber,
+                 config: PushSettings, positions: dict[str, _Position]) -> None:
+        self.request = request
+        self.pool = pool
+        self.sub = sub
+        self.config = config
+        self.positions = positions
+        self.response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            # The starting position and epoch of every topic, for clients that start live.
+            "X-Stream-Cursor": self.cursor(),
+            "X-Stream-Epochs": ",".join(f"{t}:{p.epoch}" for t, p in positions.items()),
+        })
+
+    def cursor(self) -> str:
+        return cursors.format_cursor({t: p.offset for t, p in self.positions.items()})
+
+    async def write(self, text: str) -> None:
+        try:
+            await asyncio.wait_for(self.response.write(text.encode()),
+                                   self.config.write_timeout_seconds)
+        except TimeoutError:
+            raise Disconnected("too_slow: a write did not finish in "
+                               f"{self.config.write_timeout_seconds:g} s") from None
+
+    def _event(self, row: FeedRow) -> str:
+        data = json.dumps(row.to_json(), separators=(",", ":"))
+        return f"id: {self.cursor()}\nevent: {row.kind}\ndata: {data}\n\n"
+
+    async def replay(self, topics: tuple[str, ...]) -> None:
+        """Send every row after the current positions of ``topics``, straight from the feed."""
+        self.sub.catching_up = True
+        try:
+            again = True
+            while again:
+                self.sub.missed = False
+                for topic in topics:
+                    await self._replay_topic(topic)
+                again = self.sub.missed
+        finally:
+            self.sub.catching_up = False
+
+    async def _replay_topic(self, topic: str) -> None:
+        pos = self.positions[topic]
+        while True:
+            page = await feed.read_page(self.pool, topic, pos.offset, self.config.page_rows)
+            if page.epoch != pos.epoch:
+                pos.epoch, pos.offset = page.epoch, 0  # reset: start the new epoch over
+                continue
+            if not page.rows:
+                return
+            chunks = []
+            for row in page.rows:
+                pos.offset = row.offset
+                chunks.append(self._event(row))
+            await self.write("".join(chunks))
+            if len(page.rows) < self.config.page_rows:
+                return
+
+    async def deliver(self, rows: list[FeedRow]) -> None:
+        chunks: list[str] = []
+        for row in rows:
+            pos = self.positions[row.topic]
+            if row.epoch == pos.epoch and row.offset <= pos.offset:
+                continue  # already sent (replay and live overlap)
+            if row.epoch == pos.epoch and row.offset == pos.offset + 1:
+                pos.offset = row.offset
+                chunks.append(self._event(row))
+                continue
+            if row.epoch < pos.epoch:
+                continue  # a straggler from before a reset
+            # A gap or a new epoch: flush, then fill from the feed.
+            if chunks:
+                await self.write("".join(chunks))
+                chunks = []
+            await self.replay((row.topic,))
+        if chunks:
+            await self.write("".join(chunks))
+
+    async def run(self) -> None:
+        await self.response.prepare(self.request)
+        await self.write(": connected\n\n")
+        await self.replay(self.sub.topics)
+        last_write = time.monotonic()
+        while True:
+            wait = min(LIVENESS_SECONDS,
+                       max(0.0, last_write + self.config.heartbeat_seconds - time.monotonic()))
+            row = await self.sub.next(wait)
+            if row is not None:
+                await self.deliver([row, *self.sub.drain()])
+                last_write = time.monotonic()
+            elif time.monotonic() - last_write >= self.config.heartbeat_seconds:
+                await self.write(": heartbeat\n\n")
+                last_write = time.monotonic()
+            transport = self.request.transport
+            if transport is None or transport.is_closing():
+                return
+
+    async def say_goodbye(self, reason: str) -> None:
+        code, _, detail = reason.partition(": ")
+        body = json.dumps({"error": code, "detail": detail or code})
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.response.write(f"event: {DISCONNECT_EVENT}\ndata: {body}\n\n".encode()), 1.0)
+
+
+async def stream(request: web.Request, hub: Hub, pool: asyncpg.Pool,
+                 config: PushSettings) -> web.StreamResponse:
+    topics = parse_topics(request.query.get("topics"), config.max_topics_per_stream)
+    since = parse_since(request)
+    sub = await hub.subscribe(topics)
+    try:
+        heads = await feed.heads(pool, list(topics))
+        positions = {}
+        for topic in topics:
+            head = heads[topic]
+            offset = since.get(topic, head.last_offset)
+            if offset > head.last_offset:
+                offset = 0  # a cursor past the head predates a reset: replay this epoch
+            positions[topic] = _Position(head.epoch, offset)
+        session = _Stream(request, pool, sub, config, positions)
+        try:
+            await session.run()
+        except Disconnected as exc:
+            log.info("push: stream closed: %s", exc.reason)
+            await session.say_goodbye(exc.reason)
+        except (ConnectionError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.info("push: stream ended: %s", type(exc).__name__)
+        return session.response
+    finally:
+        hub.unsubscribe(sub)

@@ -1,0 +1,88 @@
+"""HTTP component: ``GET /v1/feed`` (polling) and ``GET /v1/stream`` (SSE), plus the hub and
+the retention task that live as long as the application."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.push import feed, sse
+from gateway.push.feed import FeedError
+from gateway.push.hub import Hub
+from gateway.push.retention import run_retention
+from gateway.push.settings import PushSettings
+from gateway.runtime import Runtime
+from gateway.web.errors import ApiError
+from gateway.web.health import add_readiness_check
+
+HUB: web.AppKey[Hub] = web.AppKey("push_hub", Hub)
+DEFAULT_LIMIT = 100
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_request",
+                       f"{name} must be an integer (got {raw[:40]!r})") from None
+
+
+def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def get_feed(request: web.Request) -> web.Response:
+        topic = request.query.get("topic")
+        if not topic:
+            raise ApiError(400, "bad_request", "topic is required, e.g. ?topic=pipeline")
+        after = _int_param(request, "after", 0)
+        limit = _int_param(request, "limit", DEFAULT_LIMIT)
+        try:
+            page = await feed.read_page(runtime.pg, topic, after, limit)
+        except FeedError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+        return web.json_response({
+            "topic": page.topic, "epoch": page.epoch,
+            "rows": [row.to_json() for row in page.rows],
+            # Extensions: the newest offset, and the last offset retention removed (a
+            # reader with after < trimmed_through has lost rows after..trimmed_through).
+            "last_offset": page.last_offset, "trimmed_through": page.trimmed_through,
+        })
+
+    return get_feed
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    config = PushSettings.from_settings(runtime.settings)
+    hub = Hub(runtime.pg, runtime.cache, config)
+    app[HUB] = hub
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(hub.run(stop)),
+                 asyncio.create_task(run_retention(runtime.pg, config, stop))]
+        yield
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+
+    async def on_shutdown(app: web.Application) -> None:
+        hub.close_all("shutting_down: the server is stopping; reconnect with Last-Event-ID")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        return await sse.stream(request, hub, runtime.pg, config)
+
+    async def signals() -> tuple[bool, str]:
+        if hub.signals_up:
+            return True, f"push signals live; {hub.subscriber_count} stream(s)"
+        return False, "push signals down: streams poll the feed"
+
+    app.cleanup_ctx.append(background)
+    app.on_shutdown.append(on_shutdown)
+    add_readiness_check(app, "push-signals", signals, required=False)
+    app.router.add_get("/v1/feed", make_feed_handler(runtime))
+    app.router.add_get("/v1/stream", stream)

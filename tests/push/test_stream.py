@@ -1,0 +1,159 @@
+"""``GET /v1/feed`` and ``GET /v1/stream`` on the real app and real stores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from gateway.push import feed
+from gateway.push.client import SseEvent, iter_sse
+from gateway.runtime import Runtime
+from tests.helpers import wait_until
+from tests.push.conftest import hub_of
+
+
+async def _append(runtime: Runtime, topic: str, n: int, kind: str = "store") -> list[int]:
+    offsets = []
+    for i in range(n):
+        row = await feed.append_and_publish(runtime.pg, runtime.cache, topic, kind,
+                                            {"item_id": f"i{i}", "stage": kind})
+        offsets.append(row.offset)
+    return offsets
+
+
+async def _events(resp: aiohttp.ClientResponse, count: int, timeout: float = 10) -> list[SseEvent]:
+    got: list[SseEvent] = []
+
+    async def collect() -> None:
+        async for event in iter_sse(resp.content):
+            if event is not None:
+                got.append(event)
+                if len(got) == count:
+                    return
+
+    await asyncio.wait_for(collect(), timeout)
+    return got
+
+
+async def test_feed_endpoint_reads_in_order_with_epoch(runtime: Runtime, push_server: Any) -> None:
+    client = await push_server()
+    await _append(runtime, "pipeline", 5)
+    resp = await client.get("/v1/feed", params={"topic": "pipeline", "after": "2", "limit": "2"})
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["topic"] == "pipeline" and body["epoch"] == 1
+    assert [r["offset"] for r in body["rows"]] == [3, 4]
+    assert body["rows"][0]["payload"] == {"item_id": "i2", "stage": "store"}
+    assert set(body["rows"][0]) == {"topic", "offset", "epoch", "kind", "payload", "created_at"}
+    empty = await (await client.get("/v1/feed", params={"topic": "conversation:x"})).json()
+    assert empty["rows"] == [] and empty["epoch"] == 1
+
+
+async def test_feed_endpoint_refuses_bad_input_as_json(push_server: Any) -> None:
+    client = await push_server()
+    for params in ({}, {"topic": "pipeline", "after": "x"}, {"topic": "pipeline", "limit": "0"},
+                   {"topic": "pipeline", "limit": "5000"}, {"topic": "pipeline", "after": "-1"},
+                   {"topic": "a,b"}):
+        resp = await client.get("/v1/feed", params=params)
+        assert resp.status == 400, params
+        body = await resp.json()
+        assert body["error"] == "bad_request" and body["detail"], params
+
+
+async def test_stream_refuses_bad_input_as_json(push_server: Any) -> None:
+    client = await push_server()
+    for params, headers in (({}, {}), ({"topics": "bad topic"}, {}),
+                            ({"topics": "pipeline"}, {"Last-Event-ID": "pipeline:x"}),
+                            ({"topics": "pipeline", "since": "nocolon"}, {})):
+        resp = await client.get("/v1/stream", params=params, headers=headers)
+        assert resp.status == 400, params
+        assert (await resp.json())["error"] == "bad_request"
+
+
+async def test_stream_format_headers_and_cursor(runtime: Runtime, push_server: Any) -> None:
+    client = await push_server()
+    await _append(runtime, "pipeline", 2)
+    await _append(runtime, "conversation:c:1", 1, kind="message")
+    resp = await client.get("/v1/stream", params={"topics": "pipeline,conversation:c:1",
+                                                  "since": "pipeline:0,conversation:c:1:0"})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    assert resp.headers["X-Accel-Buffering"] == "no"
+    events = await _events(resp, 3)
+    assert [e.event for e in events] == ["store", "store", "message"]
+    assert [e.id for e in events] == ["pipeline:1,conversation:c:1:0",
+                                      "pipeline:2,conversation:c:1:0",
+                                      "pipeline:2,conversation:c:1:1"]
+    row = json.loads(events[2].data)
+    assert row["topic"] == "conversation:c:1" and row["offset"] == 1 and row["epoch"] == 1
+    # Live rows follow the replay on the same stream.
+    await _append(runtime, "pipeline", 1, kind="chunk")
+    live = await _events(resp, 1)
+    assert live[0].event == "chunk" and live[0].id == "pipeline:3,conversation:c:1:1"
+    resp.close()
+
+
+async def test_without_cursor_the_stream_starts_live(runtime: Runtime, push_server: Any) -> None:
+    client = await push_server()
+    await _append(runtime, "pipeline", 3)
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    assert resp.headers["X-Stream-Cursor"] == "pipeline:3"
+    await _append(runtime, "pipeline", 1)
+    events = await _events(resp, 1)
+    assert json.loads(events[0].data)["offset"] == 4
+    resp.close()
+
+
+async def test_resume_by_last_event_id_loses_and_repeats_nothing(runtime: Runtime,
+                                                                 push_server: Any) -> None:
+    client = await push_server()
+    await _append(runtime, "pipeline", 3)
+    first = await client.get("/v1/stream", params={"topics": "pipeline", "since": "pipeline:0"})
+    seen = await _events(first, 2)
+    last_id = seen[-1].id
+    first.close()  # disconnect after offset 2
+    await _append(runtime, "pipeline", 2)  # 4, 5 while away
+    second = await client.get("/v1/stream", params={"topics": "pipeline"},
+                              headers={"Last-Event-ID": last_id or ""})
+    resumed = await _events(second, 3)
+    assert [json.loads(e.data)["offset"] for e in resumed] == [3, 4, 5]
+    second.close()
+
+
+async def test_too_slow_client_is_disconnected_with_a_reason(runtime: Runtime,
+                                                             push_server: Any) -> None:
+    client = await push_server(client_buffer_rows=3)
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    # Ten rows committed together reach the hub in one read: more than the 3-row buffer.
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        for i in range(10):
+            row = await feed.append(conn, "pipeline", "store", {"i": i})
+    await feed.publish(runtime.cache, row)
+    got: list[SseEvent] = []
+    async for event in iter_sse(resp.content):
+        if event is not None:
+            got.append(event)
+    assert got[-1].event == "gateway.disconnect"
+    assert json.loads(got[-1].data)["error"] == "too_slow"
+    await wait_until(lambda: hub_of(client).subscriber_count == 0, message="unsubscribed")
+
+
+async def test_reset_raises_the_epoch_and_streams_restart(runtime: Runtime,
+                                                          push_server: Any) -> None:
+    from gateway.push.retention import reset
+
+    client = await push_server()
+    await _append(runtime, "pipeline", 3)
+    resp = await client.get("/v1/stream", params={"topics": "pipeline", "since": "pipeline:3"})
+    assert await reset(runtime.pg, runtime.cache, "pipeline") == 2
+    await _append(runtime, "pipeline", 2, kind="graph")
+    events = await _events(resp, 2)
+    rows = [json.loads(e.data) for e in events]
+    assert [(r["epoch"], r["offset"]) for r in rows] == [(2, 1), (2, 2)]
+    resp.close()
+    body: dict[str, Any] = await (await client.get(
+        "/v1/feed", params={"topic": "pipeline"})).json()
+    assert body["epoch"] == 2 and [r["offset"] for r in body["rows"]] == [1, 2]
