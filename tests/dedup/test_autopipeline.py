@@ -1,0 +1,69 @@
+"""AutoPipeline on a real Redis: coalescing, per-caller results, error isolation."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from gateway import keys, redis_clients
+from gateway.dedup.autopipeline import AutoPipeline
+from gateway.embedded import free_port
+from gateway.runtime import Runtime
+
+COUNTER = keys.brute("{autopipeline-test}", "counter")
+
+
+@pytest.mark.single_instance  # a cluster client sends each batch on its own
+async def test_concurrent_callers_share_round_trips(runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    replies = await asyncio.gather(*(auto.execute("INCR", COUNTER) for _ in range(200)))
+    assert sorted(replies) == list(range(1, 201))
+    assert auto.flushes <= 4, f"{auto.flushes} round trips for 200 concurrent commands"
+
+
+async def test_a_batch_keeps_its_commands_together_and_in_order(runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+
+    def build(n: int) -> Any:
+        def queue(pipe: Any) -> None:
+            pipe.set(f"{COUNTER}:{n}", n)
+            pipe.get(f"{COUNTER}:{n}")
+        return queue
+
+    results = await asyncio.gather(*(auto.batch(build(n)) for n in range(50)))
+    assert results == [[True, str(n)] for n in range(50)]
+
+
+async def test_one_callers_error_does_not_touch_the_others(runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    await runtime.durable.set(f"{COUNTER}:text", "not a number")
+
+    def broken(pipe: Any) -> None:
+        raise RuntimeError("bug in one caller")
+
+    outcomes = await asyncio.gather(
+        auto.execute("INCR", COUNTER),
+        auto.execute("INCR", f"{COUNTER}:text"),
+        auto.batch(broken),
+        auto.execute("INCR", COUNTER),
+        return_exceptions=True)
+    assert outcomes[0] == 1 and outcomes[3] == 2
+    assert isinstance(outcomes[1], ResponseError)
+    assert isinstance(outcomes[2], RuntimeError)
+
+
+async def test_a_lost_connection_fails_every_caller_and_later_calls_retry() -> None:
+    dead = redis_clients.connect(f"redis://127.0.0.1:{free_port()}/0", variable="test")
+    auto = AutoPipeline(dead)
+    try:
+        outcomes = await asyncio.gather(*(auto.execute("PING") for _ in range(5)),
+                                        return_exceptions=True)
+        assert all(isinstance(o, RedisConnectionError) for o in outcomes)
+        with pytest.raises(RedisConnectionError):
+            await auto.execute("PING")  # the flusher is not stuck after a failure
+    finally:
+        await dead.aclose()
