@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gateway.config import Settings
 from gateway.conversations.model import Incoming
-from gateway.outbound.errors import retry_after_of
+from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
 from gateway.runtime import Runtime
 
@@ -91,7 +91,7 @@ async def deliver(runtime: Runtime, limiter: Limiter, limits: list[tuple[str, Ra
                 continue
             failures += 1
             error = f"{type(exc).__name__}: {exc}"
-            if failures >= policy.attempts or wait is not None:
+            if failures >= policy.attempts or wait is not None or isinstance(exc, Undeliverable):
                 log.error("%s %s: reply undelivered after %d attempts (%s); dead-lettered",
                           incoming.platform, incoming.chat, failures + rate_limited, error)
                 await dead_letter(runtime, incoming, text, attempts=failures + rate_limited,

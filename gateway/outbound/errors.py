@@ -1,4 +1,5 @@
-"""How a failed send tells the retry loop to wait: ``RetryLater`` or a platform 429."""
+"""How a failed send steers the retry loop: wait (``RetryLater`` or a platform 429), or give
+up at once (``Undeliverable``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ class RetryLater(Exception):
     def __init__(self, seconds: float, detail: str = "rate limited") -> None:
         super().__init__(f"{detail}; retry after {seconds} s")
         self.seconds = float(seconds)
+
+
+class Undeliverable(Exception):
+    """Raise from a send function when retrying cannot help (bot blocked, chat gone, message
+    refused): the reply goes straight to the dead letters."""
 
 
 def retry_after_of(exc: BaseException) -> float | None:

@@ -1,30 +1,14 @@
-"""Settings with fast limits so conversation tests stay bounded."""
+"""A runtime with fast limits so conversation tests stay bounded."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from gateway.config import Settings
 from gateway.runtime import Runtime, open_runtime
-
-FAST_LIMITS: dict[str, Any] = {
-    "platforms": {
-        "telegram": {"bot": {"rate": 1000, "period": 1, "burst": 1000},
-                     "chat": {"rate": 1000, "period": 1, "burst": 1000}},
-        "slack": {"channel": {"rate": 1000, "period": 1, "burst": 1000}},
-        "mattermost": {"bot": {"rate": 1000, "period": 1, "burst": 1000}},
-    },
-}
-
-
-def with_sections(settings: Settings, **sections: Any) -> Settings:
-    merged = {"ratelimit": FAST_LIMITS, "outbound": {"backoff": 0.01, "attempts": 3},
-              **sections}
-    return dataclasses.replace(settings, sections=merged)
+from tests.conversations.fast import with_sections
 
 
 @pytest.fixture
