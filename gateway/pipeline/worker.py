@@ -103,7 +103,12 @@ class StageWorker:
                 idle = min(idle * 2, self.config.idle_max)
                 continue
             idle = self.config.idle_min
-            await self.process(lease, stop)
+            try:
+                await self.process(lease, stop)
+            except Exception as exc:
+                # Redis unreachable at COMPLETE/FAIL: the item stays leased and RECLAIM
+                # returns it; a journaled stage is then acknowledged without a rerun.
+                log.warning("%s %s: left to RECLAIM: %s", self.stage, lease.item_id, exc)
 
     async def process(self, lease: queue.Lease, stop: asyncio.Event | None = None) -> None:
         """Handle one leased item to its end: completed, failed, or released on shutdown."""

@@ -1,0 +1,81 @@
+"""``gateway recover``: re-enqueue from the PostgreSQL run journal every item that has not
+finished the pipeline and is not present in Redis (e.g. after the durable instance was
+wiped). Each goes back at the first stage its journal lacks, with its journaled priority.
+
+Safe to run at any time and more than once: ADD with ``force`` never duplicates an item still
+present in Redis, and a stage whose journal row already exists is acknowledged without
+running its handler again.
+
+Items whose store stage never completed had their payload only in Redis; they cannot be
+rebuilt from PostgreSQL (AOF ``everysec`` is what protects them across restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import Settings
+from gateway.pipeline import queue
+from gateway.pipeline.stages import STAGES, meta_key
+from gateway.runtime import open_runtime
+
+log = logging.getLogger("gateway.pipeline")
+BATCH = 500
+
+_UNFINISHED = """
+SELECT item_id, array_agg(stage) AS stages, min(priority) AS priority,
+       min(doc_type) AS doc_type
+FROM pipeline_journal WHERE item_id > $1
+GROUP BY item_id HAVING NOT bool_or(stage = 'graph')
+ORDER BY item_id LIMIT $2
+"""
+
+
+@dataclass
+class RecoverReport:
+    scanned: int = 0
+    present: int = 0
+    requeued: int = 0
+
+
+async def recover(runtime: Any, batch: int = BATCH) -> RecoverReport:
+    report = RecoverReport()
+    after = ""
+    while True:
+        rows = await runtime.pg.fetch(_UNFINISHED, after, batch)
+        if not rows:
+            return report
+        after = rows[-1]["item_id"]
+        ids = [r["item_id"] for r in rows]
+        present = await runtime.durable.hmget(meta_key(), ids)
+        report.scanned += len(rows)
+        for row, meta in zip(rows, present, strict=True):
+            if meta is not None:
+                report.present += 1
+                continue
+            done = set(row["stages"])
+            stage = next(s for s in STAGES if s not in done)
+            if await queue.enqueue_at(runtime.durable, row["item_id"], stage,
+                                      priority=row["priority"], doc_type=row["doc_type"]):
+                report.requeued += 1
+            else:
+                report.present += 1
+
+
+async def _main(settings: Settings) -> int:
+    runtime = await open_runtime(settings, pg_max_size=2)
+    try:
+        report = await recover(runtime)
+    finally:
+        await runtime.close()
+    print(f"scanned {report.scanned} unfinished items: {report.requeued} re-enqueued, "
+          f"{report.present} still in Redis")
+    return 0
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    return asyncio.run(_main(settings))

@@ -1,0 +1,13 @@
+"""Handlers for worker subprocesses in fault tests (selected through GATEWAY_CONFIG)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.pipeline.handlers import StageContext, store
+
+
+async def store_then_hang(ctx: StageContext) -> None:
+    """Persist like the default, then never finish: the test kills the process meanwhile."""
+    await store(ctx)
+    await asyncio.sleep(3600)
