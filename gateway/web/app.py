@@ -20,6 +20,8 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.adapters.webhooks",
     "gateway.web.jobs",
     "gateway.adapters.mattermost",
+    "gateway.adapters.telegram",
+    "gateway.adapters.slack",
     "gateway.web.admin",
     "gateway.web.search",
 )
