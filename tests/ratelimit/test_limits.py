@@ -1,0 +1,94 @@
+"""Platform and provider limits: defaults from DESIGN §5, configuration, and the provider
+budget API handlers use."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from gateway import keys
+from gateway.config import ConfigError, Settings
+from gateway.conversations.model import Incoming
+from gateway.outbound.delivery import limit_names
+from gateway.ratelimit import (
+    PROVIDER_LIMITS,
+    Limiter,
+    ProviderLimits,
+    Providers,
+    Rate,
+    platform_limits,
+    provider_limits,
+)
+from gateway.runtime import Runtime
+
+
+def test_defaults_follow_the_design(settings: Settings) -> None:
+    table = platform_limits(settings)
+    assert table["telegram"]["bot"] == Rate(30, 1.0)
+    assert table["telegram"]["chat"] == Rate(1, 1.0)
+    assert table["telegram"]["group"].rate == 20 and table["telegram"]["group"].period == 60
+    assert table["slack"]["channel"] == Rate(1, 1.0)
+    assert table["mattermost"]["bot"] == Rate(10, 1.0)
+    assert provider_limits(settings)["openrouter"] == ProviderLimits(200, 100_000, 10)
+    assert PROVIDER_LIMITS["cerebras"] == ProviderLimits(30, 20_000, 3)
+    assert set(PROVIDER_LIMITS) == {"openrouter", "anthropic", "google", "groq", "cerebras",
+                                    "deepseek"}
+
+
+def test_configuration_overrides_and_errors(settings: Settings) -> None:
+    configured = dataclasses.replace(settings, sections={"ratelimit": {
+        "platforms": {"telegram": {"chat": {"rate": 5}}},
+        "providers": {"groq": {"concurrent": 1}, "local": {"requests_per_minute": 600}}}})
+    assert platform_limits(configured)["telegram"]["chat"] == Rate(5, 1.0)
+    providers = provider_limits(configured)
+    assert providers["groq"] == ProviderLimits(30, 30_000, 1)
+    assert providers["local"].requests_per_minute == 600
+    for bad in ({"platforms": {"slack": {"channel": {"rate": -1}}}},
+                {"platforms": {"slack": {"channel": 3}}},
+                {"providers": {"groq": {"concurrent": 1.5}}}):
+        with pytest.raises(ConfigError):
+            broken = dataclasses.replace(settings, sections={"ratelimit": bad})
+            platform_limits(broken)
+            provider_limits(broken)
+
+
+def test_which_buckets_a_reply_passes(settings: Settings) -> None:
+    table = platform_limits(settings)
+
+    def names(**fields: str) -> list[str]:
+        base = dict(platform="telegram", chat="1", thread=None, user_id="u", user_name=None,
+                    text="t", message_id="m")
+        return [n for n, _ in limit_names(Incoming(**{**base, **fields}), table)]
+
+    assert names(chat="777") == ["telegram:bot", "telegram:chat:-:777"]
+    assert names(chat="-100123") == ["telegram:bot", "telegram:chat:-:-100123",
+                                     "telegram:group:-100123"]
+    assert names(platform="slack", chat="C1", team="T1") == ["slack:channel:T1:C1"]
+    assert names(platform="mattermost", chat="ch") == ["mattermost:bot"]
+
+
+async def test_provider_budget_counts_requests_tokens_and_concurrency(
+        runtime: Runtime) -> None:
+    limiter = Limiter(runtime.durable)
+    providers = Providers(limiter, {"tiny": ProviderLimits(100, 1000, 2)})
+    running = peak = 0
+
+    async def call(tokens: int) -> None:
+        nonlocal running, peak
+        async with providers.call("tiny", tokens=tokens):
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+
+    await asyncio.gather(*(call(150) for _ in range(6)))  # 900 of 1000 tokens this minute
+    assert peak == 2
+    # The token budget is shared state in rl: — the next 150 tokens do not fit this minute.
+    assert await limiter.try_acquire("provider:tiny:tokens", rate=1000, period=60,
+                                     burst=1000, cost=150) > 50
+    assert await runtime.durable.exists(keys.rl("window", "provider:tiny:requests"))
+    with pytest.raises(KeyError):
+        async with providers.call("unknown"):
+            pass
