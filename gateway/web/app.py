@@ -24,6 +24,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.adapters.slack",
     "gateway.web.admin",
     "gateway.web.search",
+    "gateway.push.web",
 )
 
 
