@@ -2,97 +2,155 @@
 
 redis-py spends ~70 µs of client CPU per command sent alone (shared/notes/baselines.md), which
 caps a handler that sends one command per request at about a quarter of a bare aiohttp
-handler's rate. Sent together in one pipeline, the same commands cost a fraction of that each.
-``AutoPipeline`` collects every batch submitted during one turn of the event loop (and while a
-previous flush is on the wire), sends them as one non-transactional pipeline, and hands each
-caller its own slice of the replies. It is the idea of ioredis' ``enableAutoPipelining``;
-redis-py has no equivalent, hence this small module.
+handler's rate. ``AutoPipeline`` collects every batch submitted during one turn of the event
+loop (and while the previous flush is on the wire), writes them to one pooled connection in
+one packed write, and hands each caller its own slice of the replies. It is the idea of
+ioredis' ``enableAutoPipelining``; redis-py has none, hence this module.
 
-A caller's commands stay contiguous and in order, so "claim, then enqueue" keeps its order
-on the wire. Errors are per command (returned as exception values); a failure of the whole
-round trip (connection lost) is raised to every caller of that flush. On Redis Cluster the
-commands of one batch may live in different slots: there, each batch goes out as its own
-cluster pipeline and nothing is coalesced.
+It talks to the connection directly (``pack_commands`` / ``send_packed_command`` /
+``read_response``) rather than through ``Pipeline``: one timeout for the whole flush instead
+of an ``asyncio.timeout`` per reply, and no response callbacks, so replies are raw RESP2
+values (``SET`` answers ``"OK"`` or ``None``). Errors are per command (returned as exception
+values); a failure of the round trip itself (connection lost, timeout) is raised to every
+caller of that flush, and the connection is dropped. A caller's commands stay contiguous and
+in order on the wire, so "claim, then enqueue" keeps its order.
+
+On Redis Cluster the commands of one batch may live in different slots: there each batch goes
+out as its own cluster pipeline and nothing is coalesced.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from gateway.redis_clients import AnyRedis
 
-# Something that queues one or more commands on a pipeline (``pipe.set(...)``, ...).
-Build = Callable[[Any], None]
+log = logging.getLogger("gateway.autopipeline")
+Command = Sequence[Any]
+Pending = tuple[Sequence[Command], "asyncio.Future[list[Any]] | None"]
 
 
 class AutoPipeline:
-    def __init__(self, redis: AnyRedis, *, max_batch: int = 512) -> None:
+    def __init__(self, redis: AnyRedis, *, max_batch: int = 1024,
+                 flush_timeout: float = 10.0) -> None:
         self.redis = redis
         self.max_batch = max_batch
-        self._pending: list[tuple[Build, asyncio.Future[list[Any]]]] = []
+        self.flush_timeout = flush_timeout
+        self._pending: list[Pending] = []
+        self._queued_commands = 0
         self._flusher: asyncio.Task[None] | None = None
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
-    async def batch(self, build: Build) -> list[Any]:
-        """Queue ``build``'s commands for the next flush; their replies, errors as values."""
+    async def batch(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` with the next flush; their raw replies, errors as values."""
         if isinstance(self.redis, RedisCluster):
-            return (await self._send([build]))[0]
+            return await self._cluster_batch(commands)
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((build, future))
-        if self._flusher is None:
-            # A task starts on the next loop turn: callers ready in this turn join the batch.
-            self._flusher = asyncio.create_task(self._flush_loop())
+        self._enqueue(commands, future)
         return await future
 
     async def execute(self, *args: Any) -> Any:
         """One command through the shared pipeline; raises its error."""
-        (reply,) = await self.batch(lambda pipe: pipe.execute_command(*args))
+        (reply,) = await self.batch([args])
         if isinstance(reply, Exception):
             raise reply
         return reply
 
+    def send_nowait(self, commands: Sequence[Command]) -> None:
+        """Send with the next flush without waiting for the replies (errors are logged): for
+        writes whose loss is harmless, e.g. turning a claim into ``done``."""
+        if isinstance(self.redis, RedisCluster):
+            task = asyncio.create_task(self._cluster_batch(commands))
+            task.add_done_callback(_log_failure)
+            return
+        self._enqueue(commands, None)
+
+    def _enqueue(self, commands: Sequence[Command],
+                 future: asyncio.Future[list[Any]] | None) -> None:
+        self._pending.append((commands, future))
+        if self._flusher is None:
+            # A task starts on the next loop turn: callers ready in this turn join the batch.
+            self._flusher = asyncio.create_task(self._flush_loop())
+
     async def _flush_loop(self) -> None:
         try:
             while self._pending:
-                taken = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
+                taken = self._take()
                 try:
-                    await self._send_to(taken)
+                    replies = await self._send([c for commands, _ in taken for c in commands])
                 except Exception as exc:
                     for _, future in taken:
-                        if not future.done():
+                        if future is None:
+                            log.warning("unawaited redis write lost: %s", type(exc).__name__)
+                        elif not future.done():
                             future.set_exception(exc)
+                    continue
+                start = 0
+                for commands, future in taken:
+                    end = start + len(commands)
+                    if future is None:
+                        _log_errors(replies[start:end])
+                    elif not future.done():
+                        future.set_result(replies[start:end])
+                    start = end
         finally:
             self._flusher = None
             for _, future in self._pending:  # cancelled at shutdown: fail the stragglers
-                future.cancel()
+                if future is not None:
+                    future.cancel()
             self._pending.clear()
 
-    async def _send_to(self, taken: list[tuple[Build, asyncio.Future[list[Any]]]]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        bounds = []
-        for build, future in taken:
-            start = len(pipe)
-            try:
-                build(pipe)
-            except Exception as exc:  # one caller's bug must not sink the others' commands
-                future.set_exception(exc)
-                if len(taken) == 1:
-                    return
-                del pipe.command_stack[start:]  # type: ignore[union-attr]
-            bounds.append((start, len(pipe)))
-        self.flushes += 1
-        replies = await pipe.execute(raise_on_error=False) if len(pipe) else []
-        for (_, future), (start, end) in zip(taken, bounds, strict=True):
-            if not future.done():
-                future.set_result(replies[start:end])
+    def _take(self) -> list[Pending]:
+        count = 0
+        for index, (commands, _) in enumerate(self._pending):
+            count += len(commands)
+            if count >= self.max_batch:
+                taken = self._pending[: index + 1]
+                del self._pending[: index + 1]
+                return taken
+        taken, self._pending = self._pending, []
+        return taken
 
-    async def _send(self, builds: list[Build]) -> list[list[Any]]:
-        loop = asyncio.get_running_loop()
-        taken = [(build, loop.create_future()) for build in builds]
-        await self._send_to(taken)
-        return [future.result() for _, future in taken]
+    async def _send(self, commands: list[Command]) -> list[Any]:
+        pool = self.redis.connection_pool  # type: ignore[union-attr]
+        conn = await pool.get_connection()
+        self.flushes += 1
+        try:
+            async with asyncio.timeout(self.flush_timeout):
+                await conn.send_packed_command(conn.pack_commands(commands))
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response(timeout=math.inf))
+                    except ResponseError as exc:
+                        replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect(nowait=True)  # replies may be left unread on the socket
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def _cluster_batch(self, commands: Sequence[Command]) -> list[Any]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return await pipe.execute(raise_on_error=False)
+
+
+def _log_errors(replies: list[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            log.warning("unawaited redis write failed: %s", reply)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("unawaited redis write failed: %s", task.exception())

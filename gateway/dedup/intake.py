@@ -53,16 +53,14 @@ class Intaker:
         add_keys, add_args = add_call(item_id, document, priority, doc_type)
         token = f"{claims.IN_PROGRESS}:{secrets.token_hex(8)}"
 
-        def build(pipe: Any) -> None:
-            if claim_key is not None:
-                pipe.set(claim_key, token, nx=True, ex=self.ttl)
-            # EVALSHA directly: a script object on a pipeline costs a SCRIPT EXISTS per flush.
-            pipe.evalsha(self._add.sha, len(add_keys), *add_keys, *add_args)
-
-        replies = await self._batch(build, claim_key, token)
+        # EVALSHA directly: a script object on a pipeline costs a SCRIPT EXISTS per flush.
+        add = ("EVALSHA", self._add.sha, len(add_keys), *add_keys, *add_args)
+        commands = [add] if claim_key is None else [
+            ("SET", claim_key, token, "NX", "EX", self.ttl), add]
+        replies = await self._batch(commands, claim_key, token)
         added = replies[-1]
         claim_reply = replies[0] if claim_key is not None else None
-        won = claim_reply is True
+        won = claim_reply in ("OK", True)  # raw reply; a cluster pipeline answers True
         if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
             added = await _result(self._add(keys=add_keys, args=add_args))
         if isinstance(added, Exception):
@@ -72,23 +70,18 @@ class Intaker:
                 await self._release(claim_key, token)
             raise added
         if claim_key is not None and (won or int(added)):
-            await self._mark_done(claim_key)
+            # Not awaited: if this write is lost the in-progress claim simply expires, and
+            # ADD's own window keeps rejecting the item meanwhile.
+            self.auto.send_nowait([("SET", claim_key, claims.DONE, "EX", self.ttl)])
         if int(added):
             metrics.ENQUEUED.labels("store").inc()
             return Intake.ACCEPTED
         return Intake.DUPLICATE
 
-    async def _mark_done(self, claim_key: str) -> None:
+    async def _batch(self, commands: list[Any], claim_key: str | None,
+                     token: str) -> list[Any]:
         try:
-            await self.auto.execute("SET", claim_key, claims.DONE, "EX", self.ttl)
-        except Exception as exc:
-            # The item is queued either way; an in-progress claim still expires, and ADD's
-            # own window keeps rejecting the item meanwhile.
-            log.warning("could not mark %s done: %s", claim_key, type(exc).__name__)
-
-    async def _batch(self, build: Any, claim_key: str | None, token: str) -> list[Any]:
-        try:
-            return await self.auto.batch(build)
+            return await self.auto.batch(commands)
         except Exception:
             # The round trip failed: whether the claim was taken is unknown; drop it if so.
             await self._release(claim_key, token)

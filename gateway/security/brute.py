@@ -9,12 +9,15 @@ window is enough here: the barrier bounds guessing, it does not meter a rate.
 The client address is the TCP peer, unless the peer is a configured trusted proxy; then it is
 the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy. Configuration
 (TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window`` (60 s),
-``brute_cooldown`` (300 s), ``trusted_proxies`` (addresses or networks, default none).
+``brute_cooldown`` (300 s), ``trusted_proxies`` (addresses or networks, default none),
+``brute_cache_seconds`` (1 s, see ``BruteBarrier``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,7 @@ class BruteSettings:
     window: int = 60
     cooldown: int = 300
     trusted_proxies: tuple[Network, ...] = ()
+    cache_seconds: float = 1.0
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> BruteSettings:
@@ -55,6 +59,7 @@ class BruteSettings:
             max_failures=int(section.get("brute_max_failures", cls.max_failures)),
             window=int(section.get("brute_window", cls.window)),
             cooldown=int(section.get("brute_cooldown", cls.cooldown)),
+            cache_seconds=float(section.get("brute_cache_seconds", cls.cache_seconds)),
             trusted_proxies=tuple(ipaddress.ip_network(p.strip(), strict=False)
                                   for p in proxies),
         )
@@ -84,28 +89,54 @@ def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str
 
 
 class BruteBarrier:
-    """Check before verifying, count after a failed verification."""
+    """Check before verifying, count after a failed verification.
+
+    Redis holds the truth; each process also remembers the blocks it has seen until they end,
+    and that an address was not blocked for ``cache_seconds`` (1 s), so a steady sender costs
+    one Redis read per address per second instead of one per request. A block set by another
+    process is therefore honoured here at most ``cache_seconds`` late.
+    """
+
+    MAX_REMEMBERED = 10_000
 
     def __init__(self, auto: AutoPipeline, config: BruteSettings) -> None:
         self.auto = auto
         self.config = config
         self._fail: AsyncScript = auto.redis.register_script(_FAIL)
+        self._blocked_until: dict[str, float] = {}
+        self._clear_until: dict[str, float] = {}
 
     def client_ip(self, request: web.Request) -> str:
         return client_ip(request, self.config.trusted_proxies)
 
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""
-        remaining = await self.auto.execute("TTL", block_key(ip))
-        if remaining is not None and int(remaining) > 0:
-            raise self.refusal(int(remaining))
+        now = time.monotonic()
+        until = self._blocked_until.get(ip, 0.0)
+        if until > now:
+            raise self.refusal(math.ceil(until - now))
+        if self._clear_until.get(ip, 0.0) > now:
+            return
+        remaining = int(await self.auto.execute("TTL", block_key(ip)))
+        if remaining > 0:
+            self._remember(self._blocked_until, ip, now + remaining)
+            raise self.refusal(remaining)
+        self._remember(self._clear_until, ip, now + self.config.cache_seconds)
 
     async def record_failure(self, ip: str) -> int:
         """Count one failure; the cool-down in seconds when this one blocked the address."""
-        blocked = await self._fail(keys=[fail_key(ip), block_key(ip)],
-                                   args=[self.config.max_failures, self.config.window,
-                                         self.config.cooldown])
-        return int(blocked)
+        blocked = int(await self._fail(keys=[fail_key(ip), block_key(ip)],
+                                       args=[self.config.max_failures, self.config.window,
+                                             self.config.cooldown]))
+        if blocked:
+            self._clear_until.pop(ip, None)
+            self._remember(self._blocked_until, ip, time.monotonic() + blocked)
+        return blocked
+
+    def _remember(self, table: dict[str, float], ip: str, until: float) -> None:
+        if len(table) >= self.MAX_REMEMBERED:
+            table.clear()  # bounded memory under a flood of addresses; Redis still decides
+        table[ip] = until
 
     @staticmethod
     def refusal(seconds: int) -> ApiError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,33 +26,28 @@ async def test_concurrent_callers_share_round_trips(runtime: Runtime) -> None:
 
 async def test_a_batch_keeps_its_commands_together_and_in_order(runtime: Runtime) -> None:
     auto = AutoPipeline(runtime.durable)
-
-    def build(n: int) -> Any:
-        def queue(pipe: Any) -> None:
-            pipe.set(f"{COUNTER}:{n}", n)
-            pipe.get(f"{COUNTER}:{n}")
-        return queue
-
-    results = await asyncio.gather(*(auto.batch(build(n)) for n in range(50)))
-    assert results == [[True, str(n)] for n in range(50)]
+    results = await asyncio.gather(*(auto.batch([("SET", f"{COUNTER}:{n}", n),
+                                                 ("GET", f"{COUNTER}:{n}")])
+                                     for n in range(50)))
+    assert results == [["OK", str(n)] for n in range(50)]
 
 
 async def test_one_callers_error_does_not_touch_the_others(runtime: Runtime) -> None:
     auto = AutoPipeline(runtime.durable)
     await runtime.durable.set(f"{COUNTER}:text", "not a number")
-
-    def broken(pipe: Any) -> None:
-        raise RuntimeError("bug in one caller")
-
     outcomes = await asyncio.gather(
         auto.execute("INCR", COUNTER),
         auto.execute("INCR", f"{COUNTER}:text"),
-        auto.batch(broken),
         auto.execute("INCR", COUNTER),
         return_exceptions=True)
-    assert outcomes[0] == 1 and outcomes[3] == 2
+    assert outcomes[0] == 1 and outcomes[2] == 2
     assert isinstance(outcomes[1], ResponseError)
-    assert isinstance(outcomes[2], RuntimeError)
+
+
+async def test_unawaited_writes_go_out_with_the_next_flush(runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    auto.send_nowait([("SET", f"{COUNTER}:later", "done")])
+    assert await auto.execute("GET", f"{COUNTER}:later") == "done"
 
 
 async def test_a_lost_connection_fails_every_caller_and_later_calls_retry() -> None:

@@ -1,0 +1,248 @@
+"""Ingest benchmark (issue 4 §6): signed webhooks against ``gateway serve`` vs a bare handler.
+
+Both servers are one Python process on the same core (``taskset -c <server-core>``), default
+asyncio loop, no access log. The load generator is ``wrk`` (C, one thread) on the other core,
+with the stores (embedded redis-durable, redis-cache, PostgreSQL) pinned there too, so the
+server core does only the server's work. Each gateway request carries a fresh Standard
+Webhooks delivery (distinct ``webhook-id``, valid signature, same ~120-byte JSON body), so
+every request takes the full path: barrier check, verification, claim + ADD, mark done.
+wrk's Lua script only cycles through pre-signed ids (LuaJIT has no HMAC).
+
+    python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2]
+
+Prints req/s, p50/p99 for each server and the ratio gateway/bare per round; figures are
+recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from gateway import embedded
+from gateway.adapters import signing
+from gateway.store.migrate import migrate_url
+
+SECRET = "whsec_" + base64.b64encode(b"bench-secret-bench-secret-bench!").decode()
+BODY = json.dumps({"type": "order.created", "text": "Order 1234 was created by a customer",
+                   "url": "https://shop.test/orders/1234"}).encode()
+
+BARE_SERVER = """
+import sys
+from aiohttp import web
+
+async def ok(request):
+    return web.Response(status=200)
+
+app = web.Application()
+app.router.add_post("/{tail:.*}", ok)
+app.router.add_get("/healthz", ok)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+"""
+
+WRK_SCRIPT = """
+local lines, i, ts, body, threads = {}, 0, nil, nil, {}
+counts = {}  -- global: done() reads it through thread:get
+function setup(thread) table.insert(threads, thread) end
+function init(args)
+  for line in io.lines(args[1]) do lines[#lines + 1] = line end
+  ts = args[2]
+  local f = io.open(args[3], "rb"); body = f:read("*a"); f:close()
+end
+function request()
+  i = i + 1
+  local id, sig = string.match(lines[(i - 1) % #lines + 1], "^(%S+) (.+)$")
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json",
+    ["webhook-id"] = id, ["webhook-timestamp"] = ts, ["webhook-signature"] = sig}, body)
+end
+function response(status, headers, body)
+  counts[status] = (counts[status] or 0) + 1
+end
+function done(summary, latency, requests)
+  for _, t in ipairs(threads) do
+    for _, code in ipairs({200, 202, 401, 429, 503, 500}) do
+      local n = t:get("counts")[code]
+      if n then io.write(string.format("status %d %d\\n", code, n)) end
+    end
+  end
+end
+"""
+
+
+@dataclass
+class Result:
+    name: str
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    statuses: dict[int, int]
+
+    def line(self) -> str:
+        codes = " ".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
+        return (f"{self.name:<8} {self.rps:>9.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
+                f"p99 {self.p99_ms:6.2f} ms  {codes}")
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def parse_wrk(name: str, output: str) -> Result:
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
+    statuses = {int(c): int(n) for c, n in re.findall(r"status (\d+) (\d+)", output)}
+    return Result(name, rps, p50, p99, statuses)
+
+
+def pin(pid: int, core: int) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, {core})
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"bench: {url} did not answer within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def sign_file(path: Path, prefix: str, count: int, timestamp: int) -> None:
+    key = base64.b64decode(SECRET.removeprefix("whsec_"))
+    with path.open("w") as out:
+        for n in range(count):
+            msg_id = f"{prefix}-{n}"
+            out.write(f"{msg_id} {signing.standard_signature(key, msg_id, timestamp, BODY)}\n")
+
+
+def run_wrk(url: str, script: Path, ids: Path, timestamp: int, body: Path, duration: float,
+            connections: int, core: int, name: str) -> Result:
+    cmd = ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s",
+           "--latency", "-s", str(script), url, "--", str(ids), str(timestamp), str(body)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=duration + 60)
+    if out.returncode != 0:
+        raise SystemExit(f"bench: wrk failed: {out.stderr or out.stdout}")
+    return parse_wrk(name, out.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--load-core", type=int, default=1)
+    parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="run the gateway under py-spy, collapsed stacks to FILE")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("bench: needs wrk (apt-get install -y wrk)")
+
+    root = Path(tempfile.mkdtemp(prefix="gwb-"))
+    servers: list[embedded.RedisServer | embedded.PostgresServer] = []
+    try:
+        durable = embedded.RedisServer("durable", root / "durable", embedded.new_password()).start()
+        servers.append(durable)
+        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
+        servers.append(cache)
+        pg = embedded.PostgresServer(root / "pg" / "data").start()
+        servers.append(pg)
+        for server in (durable, cache):
+            assert server.proc is not None
+            pin(server.proc.pid, args.load_core)
+        import asyncio
+
+        asyncio.run(migrate_url(pg.url))
+
+        timestamp = int(time.time())
+        script, body = root / "signed.lua", root / "body.json"
+        script.write_text(WRK_SCRIPT)
+        body.write_bytes(BODY)
+        port = embedded.free_port()
+        url = f"http://127.0.0.1:{port}/v1/webhooks/bench"
+        env = {**os.environ, "GATEWAY_DURABLE_URL": durable.url,
+               "GATEWAY_CACHE_URL": cache.url, "GATEWAY_DATABASE_URL": pg.url,
+               "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(port),
+               "GATEWAY_WEBHOOK_SECRETS": f"bench={SECRET}", "GATEWAY_LOG_LEVEL": "WARNING"}
+        gateway_cmd = ["taskset", "-c", str(args.server_core), sys.executable, "-m",
+                       "gateway.cli", "serve"]
+        if args.profile:
+            gateway_cmd[3:3] = ["py-spy", "record", "-r", "250", "-f", "raw", "-o",
+                                args.profile, "--"]
+        bare_cmd = ["taskset", "-c", str(args.server_core), sys.executable, "-c",
+                    BARE_SERVER, str(port)]
+        print(f"wrk -t1 -c{args.connections} -d{args.duration}s on core {args.load_core}; "
+              f"servers on core {args.server_core}; {os.cpu_count()} cores")
+        ratios = []
+        for round_no in range(1, args.rounds + 1):
+            results = {}
+            for name, cmd in (("bare", bare_cmd), ("gateway", gateway_cmd)):
+                warm, measure = root / f"warm-{round_no}-{name}", root / f"ids-{round_no}-{name}"
+                sign_file(warm, f"w{round_no}", 50_000, timestamp)
+                sign_file(measure, f"m{round_no}", args.ids, timestamp)
+                with process(cmd, env) as proc:
+                    wait_http(f"http://127.0.0.1:{port}/healthz")
+                    if proc.poll() is not None:
+                        raise SystemExit(f"bench: {name} exited early")
+                    run_wrk(url, script, warm, timestamp, body, args.warmup,
+                            args.connections, args.load_core, name)
+                    results[name] = run_wrk(url, script, measure, timestamp, body,
+                                            args.duration, args.connections, args.load_core,
+                                            name)
+                print(f"round {round_no}  " + results[name].line())
+            ratio = results["gateway"].rps / results["bare"].rps
+            ratios.append(ratio)
+            print(f"round {round_no}  ratio gateway/bare = {ratio:.2f}")
+        client = redis.Redis.from_url(durable.url, decode_responses=True)
+        enqueued = client.hget("q:{pipeline}:stats:store", "enqueued")
+        client.close()
+        print(f"items enqueued in redis-durable over all gateway runs: {enqueued}")
+        print(f"median ratio over {len(ratios)} round(s): {statistics.median(ratios):.2f} "
+              "(target >= 0.40)")
+    finally:
+        embedded.stop_all(servers)
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
