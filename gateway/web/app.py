@@ -25,6 +25,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.web.admin",
     "gateway.web.search",
     "gateway.push.web",
+    "gateway.web.dashboard",
 )
 
 

@@ -1,0 +1,94 @@
+"""``GET /``: the live dashboard (one static page, no build step), and
+``GET /v1/dashboard/summary``: the read-only JSON it refreshes from.
+
+The page follows ``/v1/stream?topics=pipeline`` with the small JS push client
+(``static/push.js``) for the live feed, and re-reads the summary when a row arrives (at
+most once a second) and every few seconds otherwise. The summary holds counts and health
+only: no payloads beyond the feed's own, no configuration, no secrets.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.adapters import mattermost_health
+from gateway.pipeline.admin import queue_depths
+from gateway.push import feed
+from gateway.push.web import HUB
+from gateway.runtime import Runtime
+from gateway.web.keys import RUNTIME
+
+log = logging.getLogger("gateway.web")
+STATIC = Path(__file__).parent / "static"
+THROUGHPUT_WINDOW_SECONDS = 60
+PIPELINE_TOPIC = "pipeline"
+
+_THROUGHPUT = """
+SELECT kind, count(*) AS n FROM feed
+WHERE topic = $1 AND created_at > clock_timestamp() - make_interval(secs => $2)
+GROUP BY kind
+"""
+
+
+async def _part(name: str, errors: dict[str, str], coro: Any) -> Any:
+    """One section of the summary; a store that is down blanks its section only."""
+    try:
+        return await coro
+    except Exception as exc:
+        log.info("dashboard: %s unavailable: %s", name, type(exc).__name__)
+        errors[name] = f"unavailable ({type(exc).__name__})"
+        return None
+
+
+async def _throughput(runtime: Runtime) -> dict[str, Any]:
+    rows = await runtime.pg.fetch(_THROUGHPUT, PIPELINE_TOPIC, float(THROUGHPUT_WINDOW_SECONDS))
+    per_stage = {r["kind"]: r["n"] for r in rows}
+    return {"window_seconds": THROUGHPUT_WINDOW_SECONDS, "completions": per_stage,
+            "per_second": round(sum(per_stage.values()) / THROUGHPUT_WINDOW_SECONDS, 3)}
+
+
+async def _listener(runtime: Runtime) -> dict[str, Any]:
+    flag = await mattermost_health.read(runtime.cache)
+    if flag is None:
+        return {"running": False, "connected": False}
+    return {"running": True, "connected": bool(flag.get("connected")),
+            "instance": flag.get("instance"), "since": flag.get("since"),
+            "last_event_at": flag.get("last_event_at"), "reconnects": flag.get("reconnects")}
+
+
+async def summary(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    errors: dict[str, str] = {}
+    queues = await _part("queues", errors, queue_depths(runtime.durable))
+    throughput = await _part("throughput", errors, _throughput(runtime))
+    listener = await _part("listener", errors, _listener(runtime))
+    heads = await _part("feed", errors, feed.heads(runtime.pg, [PIPELINE_TOPIC]))
+    stages = (queues or {}).get("stages")
+    hub = request.app[HUB]
+    return web.json_response({
+        "generated_at": datetime.now(UTC).isoformat(),
+        "stages": stages,
+        "dead_letters": sum(s["dead"] for s in stages.values()) if stages else None,
+        "throughput": throughput,
+        "listener": listener,
+        "feed": ({"topic": PIPELINE_TOPIC, "epoch": heads[PIPELINE_TOPIC].epoch,
+                  "last_offset": heads[PIPELINE_TOPIC].last_offset} if heads else None),
+        "push": {"signals_up": hub.signals_up, "streams": hub.subscriber_count},
+        "errors": errors,
+    })
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "dashboard.html",
+                            headers={"Cache-Control": "no-cache"})
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    app.router.add_get("/", index)
+    app.router.add_get("/v1/dashboard/summary", summary)
+    app.router.add_static("/static/", STATIC, append_version=False)

@@ -1,0 +1,161 @@
+// Minimal browser push client (the JS twin of gateway.push.client): SSE via fetch(), one
+// position {epoch, offset} per topic, gaps filled from /v1/feed, each row delivered once and
+// in order per topic. fetch() instead of EventSource because rows arrive as named events
+// (event: <kind>) and EventSource only reports the names it was told in advance.
+"use strict";
+
+class GatewayPush {
+  constructor(topics, { onRow, onState = () => {}, pollMs = 5000, base = "", since = {} } = {}) {
+    this.topics = topics;
+    this.onRow = onRow;
+    this.onState = onState;
+    this.pollMs = pollMs;
+    this.base = base;
+    this.tracks = Object.fromEntries(topics.map((t) => [t, { epoch: null, offset: t in since ? since[t] : null }]));
+    this.stopped = false;
+    this.busy = Promise.resolve();
+  }
+
+  cursor() {
+    return this.topics.filter((t) => this.tracks[t].offset !== null)
+      .map((t) => `${t}:${this.tracks[t].offset}`).join(",");
+  }
+
+  // Every merge step runs one after the other, like the single task of the Python client.
+  serial(fn) {
+    this.busy = this.busy.then(fn, fn).catch((e) => console.warn("push:", e));
+    return this.busy;
+  }
+
+  static parseCursor(text) {
+    const out = {};
+    for (const part of (text || "").split(",")) {
+      const i = part.lastIndexOf(":");
+      if (i > 0) out[part.slice(0, i)] = Number(part.slice(i + 1));
+    }
+    return out;
+  }
+
+  async start() {
+    let backoff = 100;
+    while (!this.stopped) {
+      try {
+        await this.streamOnce();
+        backoff = 100;
+      } catch (e) {
+        console.info("push: stream interrupted", e);
+      }
+      this.onState("reconnecting");
+      await this.serial(() => this.fillAll());
+      await new Promise((r) => setTimeout(r, backoff));
+      backoff = Math.min(backoff * 2, 5000);
+    }
+  }
+
+  async streamOnce() {
+    const params = new URLSearchParams({ topics: this.topics.join(",") });
+    const since = this.cursor();
+    if (since) params.set("since", since);
+    const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream" } });
+    if (!resp.ok) throw new Error(`stream answered ${resp.status}`);
+    this.adopt(resp.headers);
+    await this.serial(() => this.fillAll());
+    this.onState("live");
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    let timer = null;
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => { this.serial(() => this.fillAll()); arm(); }, this.pollMs);
+    };
+    arm();
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        arm();
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          this.handleBlock(block);
+        }
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  handleBlock(block) {
+    let event = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith(":")) continue;
+      const i = line.indexOf(":");
+      const name = i < 0 ? line : line.slice(0, i);
+      const value = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+      if (name === "event") event = value;
+      else if (name === "data") data.push(value);
+    }
+    if (!data.length) return;
+    if (event === "gateway.disconnect") { console.warn("push: server closed", data.join("\n")); return; }
+    const row = JSON.parse(data.join("\n"));
+    this.serial(() => this.onEvent(row));
+  }
+
+  adopt(headers) {
+    const offsets = GatewayPush.parseCursor(headers.get("X-Stream-Cursor"));
+    const epochs = GatewayPush.parseCursor(headers.get("X-Stream-Epochs"));
+    for (const t of this.topics) {
+      const tr = this.tracks[t];
+      if (!(t in offsets) || !(t in epochs)) continue;
+      if (tr.offset === null) { tr.epoch = epochs[t]; tr.offset = offsets[t]; }
+      else if (tr.epoch === null) { tr.epoch = epochs[t]; tr.offset = Math.min(tr.offset, offsets[t]); }
+      else if (tr.epoch !== epochs[t]) { tr.epoch = epochs[t]; tr.offset = 0; }
+    }
+  }
+
+  async onEvent(row) {
+    const tr = this.tracks[row.topic];
+    if (!tr || tr.offset === null) return;
+    if (tr.epoch !== null && row.epoch !== tr.epoch) {
+      if (row.epoch > tr.epoch) { tr.epoch = row.epoch; tr.offset = 0; await this.fill(row.topic); }
+      return;
+    }
+    tr.epoch = row.epoch;
+    if (row.offset <= tr.offset) return;
+    if (row.offset > tr.offset + 1) {
+      await this.fill(row.topic);
+      if (row.offset <= tr.offset) return;
+    }
+    this.deliver(row);
+  }
+
+  deliver(row) {
+    this.tracks[row.topic].offset = row.offset;
+    try { this.onRow(row); } catch (e) { console.error(e); }
+  }
+
+  async fillAll() {
+    for (const t of this.topics) await this.fill(t);
+  }
+
+  async fill(topic) {
+    const tr = this.tracks[topic];
+    if (tr.offset === null) return;
+    for (;;) {
+      const params = new URLSearchParams({ topic, after: String(tr.offset), limit: "500" });
+      const resp = await fetch(`${this.base}/v1/feed?${params}`);
+      if (!resp.ok) throw new Error(`feed answered ${resp.status}`);
+      const body = await resp.json();
+      if (tr.epoch !== null && body.epoch !== tr.epoch) { tr.epoch = body.epoch; tr.offset = 0; continue; }
+      tr.epoch = body.epoch;
+      for (const row of body.rows) if (row.offset > tr.offset) this.deliver(row);
+      if (body.rows.length < 500) return;
+    }
+  }
+}
+
+window.GatewayPush = GatewayPush;
