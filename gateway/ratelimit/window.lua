@@ -1,6 +1,7 @@
 -- Sliding-window log limiter on Redis time (DESIGN §5), exact at window edges.
 --
--- KEYS[1]  rl:window:<name>, a ZSET: member "<id>:<cost>", score = admission time in µs.
+-- KEYS[1]  rl:window:{<name>}        ZSET: member "<id>:<cost>", score = admission time (µs)
+-- KEYS[2]  rl:window:{<name>}:total  the sum of the costs in KEYS[1] (one hash tag: Cluster)
 -- ARGV[1]  limit: units admitted per window (rate)
 -- ARGV[2]  window length in µs (period)
 -- ARGV[3]  smoothing limit: units admitted per smoothing window (burst)
@@ -11,8 +12,11 @@
 --
 -- An entry admitted at t counts while now < t + window, so every half-open interval of one
 -- window's length holds at most `limit` units; the smoothing window does the same for burst.
+-- Work per call is O(log n) plus the entries that expire now (each is removed once) and the
+-- entries inside the smoothing window (at most `burst`); only a refusal walks the log to say
+-- how long to wait.
 -- Returns {admitted 1|0|-1 (cost above a limit), wait µs, now µs} with numbers as strings.
-local key = KEYS[1]
+local key, total_key = KEYS[1], KEYS[2]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
@@ -26,37 +30,54 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function fmt(n) return string.format('%.0f', n) end
+local function cost_of(member) return tonumber(string.match(member, ':(%d+)$')) or 1 end
 if cost > limit or cost > burst then
   return {-1, '0', fmt(now)}
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-local used, used_smooth = 0, 0
-local costs, scores = {}, {}
-for i = 1, #entries, 2 do
-  local c = tonumber(string.match(entries[i], ':(%d+)$')) or 1
-  local s = tonumber(entries[i + 1])
-  costs[#costs + 1] = c
-  scores[#scores + 1] = s
-  used = used + c
-  if s > now - smooth then used_smooth = used_smooth + c end
+-- Expire old entries, keeping the running total in step (recomputed if it went missing).
+local used = tonumber(redis.call('GET', total_key))
+if used == nil then
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+  used = 0
+  for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do used = used + cost_of(member) end
+else
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now - window))
+  for _, member in ipairs(expired) do used = used - cost_of(member) end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window)) end
 end
 
+local used_smooth = used
+if burst < limit then
+  used_smooth = 0
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - smooth), '+inf')) do
+    used_smooth = used_smooth + cost_of(member)
+  end
+end
+
+local ttl = math.ceil(window / 1000) + 1
 if used + cost <= limit and used_smooth + cost <= burst then
   redis.call('ZADD', key, fmt(now), ARGV[6] .. ':' .. fmt(cost))
-  redis.call('PEXPIRE', key, math.ceil(window / 1000) + 1)
+  redis.call('SET', total_key, fmt(used + cost), 'PX', ttl)
+  redis.call('PEXPIRE', key, ttl)
   return {1, '0', fmt(now)}
+end
+if used > 0 then
+  redis.call('SET', total_key, fmt(used), 'KEEPTTL')
+else
+  redis.call('DEL', total_key)
 end
 
 -- How long until enough of the oldest entries leave each window for this cost to fit.
+local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
 local function wait_for(excess, span, from)
   if excess <= 0 then return 0 end
   local freed = 0
-  for i = 1, #scores do
-    if scores[i] > from then
-      freed = freed + costs[i]
-      if freed >= excess then return scores[i] + span - now end
+  for i = 1, #entries, 2 do
+    local score = tonumber(entries[i + 1])
+    if score > from then
+      freed = freed + cost_of(entries[i])
+      if freed >= excess then return score + span - now end
     end
   end
   return span

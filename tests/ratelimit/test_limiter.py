@@ -11,6 +11,7 @@ import pytest
 
 from gateway import keys
 from gateway.ratelimit import Limiter, LimitError
+from gateway.ratelimit.limiter import window_key
 from gateway.runtime import Runtime
 from tests.helpers import registry_violations
 
@@ -89,7 +90,7 @@ async def test_production_path_uses_redis_time_and_waits(runtime: Runtime) -> No
     for _ in range(6):  # five per 0.5 s spaced evenly: the sixth needs ~0.5 s of waiting
         await limiter.acquire("real2", rate=5, period=0.5)
     assert time.monotonic() - started >= 0.35
-    ttl = await runtime.durable.pttl(keys.rl("window", "real2"))
+    ttl = await runtime.durable.pttl(window_key("real2"))
     assert 0 < ttl <= 1000  # the key lives one window, not forever
     assert await registry_violations(runtime.durable, "durable") == []
 
@@ -135,3 +136,19 @@ async def test_slot_context_bounds_parallel_calls(runtime: Runtime) -> None:
     await asyncio.gather(*(call() for _ in range(12)))
     assert peak == 3
     assert await runtime.durable.zcard(keys.rl("slots", "par")) == 0
+
+
+async def test_running_total_follows_expiry_and_survives_loss(runtime: Runtime) -> None:
+    limiter = Limiter(runtime.durable)
+    base = 13_000_000.0
+    spec = dict(rate=5, period=10.0, burst=5)
+    total = window_key("tot") + ":total"
+    for i in range(3):
+        assert (await limiter.check("tot", now=base + i, **spec)).admitted
+    await runtime.durable.delete(total)  # lost: recomputed from the log, not reset to zero
+    assert [(await limiter.check("tot", now=base + 3 + i, **spec)).admitted
+            for i in range(3)] == [True, True, False]
+    assert await runtime.durable.get(total) == "5"
+    assert (await limiter.check("tot", now=base + 10.5, **spec)).admitted  # base+0 expired
+    assert await runtime.durable.get(total) == "5"
+    assert 0 < await runtime.durable.pttl(total) <= 11_000

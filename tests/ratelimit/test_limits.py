@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 
-from gateway import keys
 from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
 from gateway.outbound.delivery import limit_names
@@ -21,6 +20,7 @@ from gateway.ratelimit import (
     platform_limits,
     provider_limits,
 )
+from gateway.ratelimit.limiter import window_key
 from gateway.runtime import Runtime
 
 
@@ -88,7 +88,7 @@ async def test_provider_budget_counts_requests_tokens_and_concurrency(
     # The token budget is shared state in rl: — the next 150 tokens do not fit this minute.
     assert await limiter.try_acquire("provider:tiny:tokens", rate=1000, period=60,
                                      burst=1000, cost=150) > 50
-    assert await runtime.durable.exists(keys.rl("window", "provider:tiny:requests"))
+    assert await runtime.durable.exists(window_key("provider:tiny:requests"))
     with pytest.raises(KeyError):
         async with providers.call("unknown"):
             pass
