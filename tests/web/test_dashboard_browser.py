@@ -1,0 +1,72 @@
+"""The dashboard in headless Chromium (Debian ``chromium`` driven by Playwright): the page
+loads, goes live on the SSE stream, and a job posted during the test shows up in its feed
+once a pipeline worker completes a stage."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.pipeline.runner import run_workers
+from gateway.runtime import Runtime
+
+CHROMIUM = (os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium")
+            or "/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+playwright_api = pytest.importorskip("playwright.async_api", reason="pip package playwright")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"chromium not installed at {CHROMIUM} (CI installs it: "
+                              "apt-get install -y chromium)"),
+]
+
+
+async def test_a_job_posted_during_the_test_appears_on_the_page(
+        make_client: Callable[..., Any], runtime: Runtime, tmp_path: Path) -> None:
+    client = await make_client()
+    url = str(client.make_url("/"))
+    stop = asyncio.Event()
+    workers = asyncio.create_task(run_workers(runtime, stop, concurrency=2))
+    try:
+        async with playwright_api.async_playwright() as pw:
+            context = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS)
+            try:
+                page = context.pages[0] if context.pages else await context.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                await page.goto(url)
+                await page.wait_for_function(
+                    "document.getElementById('stream-state').textContent === 'live'",
+                    timeout=15000)
+                await page.wait_for_selector("#queues tbody tr[data-stage='graph']",
+                                             timeout=15000)
+                posted = await client.post("/v1/jobs", json={
+                    "job_id": "browser-job-1", "document": {"text": "seen in a browser"}})
+                assert posted.status == 202
+                entry = page.locator("#feed li", has_text="browser-job-1").first
+                await entry.wait_for(timeout=20000)
+                text = await entry.inner_text()
+                assert any(f" {stage} browser-job-1" in text
+                           for stage in ("store", "chunk", "embed", "graph")), text
+                # The summary follows the row: the feed offset shown is no longer 0.
+                await page.wait_for_function(
+                    "!document.getElementById('push').textContent.includes('feed offset 0')",
+                    timeout=10000)
+                assert errors == []
+            finally:
+                await context.close()
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(workers, 30)
