@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import sys
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -229,7 +230,7 @@ def main_set_webhook(args: argparse.Namespace, settings: Settings) -> int:
     try:
         asyncio.run(set_webhook(settings, args.url))
     except TelegramError as exc:
-        print(f"gateway telegram set-webhook: {type(exc).__name__}: {exc}")
+        print(f"gateway telegram set-webhook: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"webhook set: {args.url}")
     return 0

@@ -22,8 +22,9 @@ from gateway import keys
 from gateway.redis_clients import AnyRedis
 
 _HERE = Path(__file__).parent
-_WINDOW = (_HERE / "window.lua").read_text()
-_SLOTS = (_HERE / "slots.lua").read_text()
+_CLOCK = (_HERE / "clock.lua").read_text()
+_WINDOW = _CLOCK + (_HERE / "window.lua").read_text()
+_SLOTS = _CLOCK + (_HERE / "slots.lua").read_text()
 _MICRO = 1_000_000
 
 

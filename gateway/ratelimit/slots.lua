@@ -8,14 +8,7 @@
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-local now
-if ARGV[4] ~= '' then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function fmt(n) return string.format('%.0f', n) end
+local now = clock(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
 if redis.call('ZSCORE', key, ARGV[3]) or redis.call('ZCARD', key) < limit then
   redis.call('ZADD', key, fmt(now + lease), ARGV[3])

@@ -22,14 +22,7 @@ local window = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local smooth = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])
-local now
-if ARGV[7] ~= '' then
-  now = tonumber(ARGV[7])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function fmt(n) return string.format('%.0f', n) end
+local now = clock(ARGV[7])
 local function cost_of(member) return tonumber(string.match(member, ':(%d+)$')) or 1 end
 if cost > limit or cost > burst then
   return {-1, '0', fmt(now)}

@@ -17,9 +17,8 @@ from aiohttp.test_utils import TestClient
 from gateway import keys
 from gateway.config import Secret, Settings
 from gateway.conversations.handlers import Context, default_handler
-from gateway.runtime import Runtime, open_runtime
-from gateway.web.app import create_app
-from tests.conversations.fast import with_sections
+from gateway.runtime import Runtime
+from tests.conversations.fast import Apps, with_sections
 from tests.fakes import FakeSlack, event_callback, slash_command_body
 from tests.fakes.pytest_plugin import SLACK_TOKEN
 from tests.fakes.slack import CHANNEL_ID, TEAM_ID, signed_form, signed_json, url_verification
@@ -38,23 +37,18 @@ async def slow_handler(ctx: Context) -> str | None:
 @pytest.fixture
 async def start_bot(runtime: Runtime, settings: Settings, fake_slack: FakeSlack,
                     make_client: Callable[..., Any]) -> AsyncIterator[Callable[..., Any]]:
-    opened: list[Runtime] = []
-    clients: list[TestClient[Any, Any]] = []
+    """``await start_bot(**sections)`` → a TestClient on an app with the Slack bot."""
+    apps = Apps(make_client)
 
     async def start(**sections: Any) -> TestClient[Any, Any]:
-        rt = await open_runtime(dataclasses.replace(
+        client, _ = await apps.start(dataclasses.replace(
             with_sections(settings, **sections), slack_bot_token=Secret(SLACK_TOKEN),
-            slack_signing_secret=Secret(SIGNING_SECRET), slack_api_url=fake_slack.api_url))
-        opened.append(rt)
-        client: TestClient[Any, Any] = await make_client(app=create_app(rt, COMPONENTS), rt=rt)
-        clients.append(client)
+            slack_signing_secret=Secret(SIGNING_SECRET), slack_api_url=fake_slack.api_url),
+            COMPONENTS)
         return client
 
     yield start
-    for client in clients:  # the app drains its background work before the stores close
-        await client.close()
-    for rt in opened:
-        await rt.close()
+    await apps.close()
 
 
 async def send_event(client: TestClient[Any, Any], payload: dict[str, Any],

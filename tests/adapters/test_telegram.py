@@ -19,9 +19,8 @@ from gateway import keys, logging_setup
 from gateway.adapters.telegram import TELEGRAM_BOT, main_set_webhook
 from gateway.cli import _secret_values
 from gateway.config import Secret, Settings
-from gateway.runtime import Runtime, open_runtime
-from gateway.web.app import create_app
-from tests.conversations.fast import with_sections
+from gateway.runtime import Runtime
+from tests.conversations.fast import Apps, with_sections
 from tests.fakes import FakeTelegram, text_update
 from tests.fakes.pytest_plugin import TELEGRAM_TOKEN
 from tests.helpers import wait_until
@@ -41,24 +40,17 @@ def telegram_settings(settings: Settings, fake: FakeTelegram, **sections: Any) -
 async def start_bot(runtime: Runtime, settings: Settings, fake_telegram: FakeTelegram,
                     make_client: Callable[..., Any]) -> AsyncIterator[Callable[..., Any]]:
     """``await start_bot(**sections)`` → a TestClient on an app with a ready Telegram bot."""
-    opened: list[Runtime] = []
-    clients: list[TestClient[Any, Any]] = []
+    apps = Apps(make_client)
 
     async def start(polling: bool = False, **sections: Any) -> TestClient[Any, Any]:
-        rt = await open_runtime(dataclasses.replace(
-            telegram_settings(settings, fake_telegram, **sections), telegram_polling=polling))
-        opened.append(rt)
-        app = create_app(rt, COMPONENTS)
-        client: TestClient[Any, Any] = await make_client(app=app, rt=rt)
-        clients.append(client)
+        client, app = await apps.start(dataclasses.replace(
+            telegram_settings(settings, fake_telegram, **sections), telegram_polling=polling),
+            COMPONENTS)
         await wait_until(app[TELEGRAM_BOT].ready.is_set, message="bot ready")
         return client
 
     yield start
-    for client in clients:  # the app stops (draining its work) before its stores close
-        await client.close()
-    for rt in opened:
-        await rt.close()
+    await apps.close()
 
 
 async def post(client: TestClient[Any, Any], update: dict[str, Any],
