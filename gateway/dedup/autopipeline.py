@@ -7,9 +7,10 @@ loop (and while the previous flush is on the wire), writes them to one pooled co
 one packed write, and hands each caller its own slice of the replies. It is the idea of
 ioredis' ``enableAutoPipelining``; redis-py has none, hence this module.
 
-It talks to the connection directly (``pack_commands`` / ``send_packed_command`` /
-``read_response``) rather than through ``Pipeline``: one timeout for the whole flush instead
-of an ``asyncio.timeout`` per reply, and no response callbacks, so replies are raw RESP2
+It talks to the connection directly (``send_packed_command`` / ``read_response``, commands
+packed by ``hiredis.pack_command``) rather than through ``Pipeline``: one timeout for the
+whole flush instead of an ``asyncio.timeout`` per reply, and no response callbacks, so replies
+are raw RESP2
 values (``SET`` answers ``"OK"`` or ``None``). Errors are per command (returned as exception
 values); a failure of the round trip itself (connection lost, timeout) is raised to every
 caller of that flush, and the connection is dropped. A caller's commands stay contiguous and
@@ -31,6 +32,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from gateway.redis_clients import AnyRedis
+
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # hiredis is optional for redis-py; fall back to its encoder
+    _hiredis_pack = None  # type: ignore[assignment]
 
 log = logging.getLogger("gateway.autopipeline")
 Command = Sequence[Any]
@@ -124,7 +130,7 @@ class AutoPipeline:
         self.flushes += 1
         try:
             async with asyncio.timeout(self.flush_timeout):
-                await conn.send_packed_command(conn.pack_commands(commands))
+                await conn.send_packed_command(_pack(conn, commands))
                 replies: list[Any] = []
                 for _ in commands:
                     try:
@@ -143,6 +149,13 @@ class AutoPipeline:
             for command in commands:
                 pipe.execute_command(*command)
             return await pipe.execute(raise_on_error=False)
+
+
+def _pack(conn: Any, commands: list[Command]) -> bytes | list[bytes]:
+    """RESP for the whole flush: hiredis packs in C, ~10x faster than redis-py's encoder."""
+    if _hiredis_pack is None:
+        return conn.pack_commands(commands)
+    return b"".join([_hiredis_pack(tuple(command)) for command in commands])
 
 
 def _log_errors(replies: list[Any]) -> None:

@@ -19,6 +19,7 @@ batch as a cluster pipeline (one round trip per node) instead of coalescing requ
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import secrets
 from typing import Any
@@ -32,6 +33,9 @@ from gateway.pipeline.queue import add_call
 from gateway.pipeline.scripts import scripts_for
 
 log = logging.getLogger("gateway.intake")
+# Claim tokens only need to be unique: a random per-process prefix and a counter are.
+_TOKEN_PREFIX = secrets.token_hex(6)
+_counter = itertools.count(1)
 
 
 class Intake(enum.Enum):
@@ -51,7 +55,7 @@ class Intaker:
                      priority: str = "normal", doc_type: str = "other") -> Intake:
         """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type)
-        token = f"{claims.IN_PROGRESS}:{secrets.token_hex(8)}"
+        token = f"{claims.IN_PROGRESS}:{_TOKEN_PREFIX}-{next(_counter)}"
 
         # EVALSHA directly: a script object on a pipeline costs a SCRIPT EXISTS per flush.
         add = ("EVALSHA", self._add.sha, len(add_keys), *add_keys, *add_args)
