@@ -120,6 +120,13 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
     return added
 
 
+def fetch_call(stage: str, worker: str, token: str,
+               lease_ms: int) -> tuple[list[str], list[str]]:
+    keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
+            meta_key(), doc_key()]
+    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS)]
+
+
 async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Lease | None:
     """Pop the best item of ``stage`` under a fresh fencing token, or None when empty.
 
@@ -127,10 +134,8 @@ async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Le
     that item is not lost, only late: RECLAIM returns it when its lease expires.
     """
     token = uuid.uuid4().hex
-    keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
-            meta_key(), doc_key()]
-    reply = await scripts_for(durable).fetch(
-        keys=keys, args=[worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS)])
+    keys, args = fetch_call(stage, worker, token, lease_ms)
+    reply = await scripts_for(durable).fetch(keys=keys, args=args)
     if not reply:
         return None
     item, started, payload, base, bonus, failures, reclaims = reply
@@ -139,27 +144,29 @@ async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Le
                  float(base), float(bonus), int(failures), int(reclaims))
 
 
+def heartbeat_call(stage: str, item_id: str, token: str,
+                   lease_ms: int) -> tuple[list[str], list[str]]:
+    return [lease_key(stage), deadline_key(stage)], [item_id, token, str(lease_ms)]
+
+
 async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResult:
-    reply = await scripts_for(durable).heartbeat(
-        keys=[lease_key(lease.stage), deadline_key(lease.stage)],
-        args=[lease.item_id, lease.token, str(lease_ms)])
+    keys, args = heartbeat_call(lease.stage, lease.item_id, lease.token, lease_ms)
+    reply = await scripts_for(durable).heartbeat(keys=keys, args=args)
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
 
 
-def complete_call(lease: Lease) -> tuple[list[str], list[str]]:
-    stage = lease.stage
+def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list[str]]:
     after = next_stage(stage)
     keys = [lease_key(stage), deadline_key(stage), meta_key(), doc_key(), stats_key(stage)]
     if after:
         keys += [ready_key(after), stats_key(after)]
-    args = [lease.item_id, lease.token, after or "", str(EPOCH_MS),
-            "1" if stage == "store" else "0"]
+    args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]
     return keys, args
 
 
 async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
     """Acknowledge the stage; the item moves to the next one (graph is final)."""
-    keys, args = complete_call(lease)
+    keys, args = complete_call(lease.stage, lease.item_id, lease.token)
     return LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))
 
 
@@ -179,15 +186,22 @@ class FailOutcome:
     ready_at_ms: int | None = None
 
 
+def fail_call(stage: str, item_id: str, token: str, reason: str, *, max_failures: int,
+              backoff_ms: int, backoff_cap_ms: int,
+              jitter: float) -> tuple[list[str], list[str]]:
+    keys = [lease_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
+            meta_key(), stats_key(stage)]
+    return keys, [item_id, token, str(max_failures), str(backoff_ms), str(backoff_cap_ms),
+                  repr(jitter), reason[:500]]
+
+
 async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: int,
                backoff_ms: int = 1000, backoff_cap_ms: int = 300_000) -> FailOutcome:
     """Retry after exponential backoff with jitter, or dead-letter after ``max_failures``."""
-    stage = lease.stage
-    reply = await scripts_for(durable).fail(
-        keys=[lease_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
-              meta_key(), stats_key(stage)],
-        args=[lease.item_id, lease.token, str(max_failures), str(backoff_ms),
-              str(backoff_cap_ms), repr(random.random()), reason[:500]])
+    keys, args = fail_call(lease.stage, lease.item_id, lease.token, reason,
+                           max_failures=max_failures, backoff_ms=backoff_ms,
+                           backoff_cap_ms=backoff_cap_ms, jitter=random.random())
+    reply = await scripts_for(durable).fail(keys=keys, args=args)
     if not isinstance(reply, list):
         return FailOutcome(LeaseResult(int(reply)))
     kind, when = reply
@@ -195,13 +209,18 @@ async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: in
                        ready_at_ms=None if kind == "dead" else int(when))
 
 
+def reclaim_call(stage: str, *, max_reclaims: int,
+                 batch: int) -> tuple[list[str], list[str]]:
+    keys = [lease_key(stage), deadline_key(stage), ready_key(stage), dead_key(stage),
+            meta_key(), stats_key(stage)]
+    return keys, [str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)]
+
+
 async def reclaim(durable: AnyRedis, stage: str, *, max_reclaims: int,
                   batch: int = 100) -> tuple[int, int, bool]:
     """One bounded RECLAIM pass: (returned to the stage, dead-lettered, more may be due)."""
-    back, dead, more = await scripts_for(durable).reclaim(
-        keys=[lease_key(stage), deadline_key(stage), ready_key(stage), dead_key(stage),
-              meta_key(), stats_key(stage)],
-        args=[str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)])
+    keys, args = reclaim_call(stage, max_reclaims=max_reclaims, batch=batch)
+    back, dead, more = await scripts_for(durable).reclaim(keys=keys, args=args)
     return int(back), int(dead), bool(int(more))
 
 
