@@ -93,11 +93,19 @@ class Result:
     p50_ms: float
     p99_ms: float
     statuses: dict[int, int]
+    cpu_us: float = 0.0  # server CPU time per answered request
 
     def line(self) -> str:
         codes = " ".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
         return (f"{self.name:<8} {self.rps:>9.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
-                f"p99 {self.p99_ms:6.2f} ms  {codes}")
+                f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req  {codes}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), to compare servers by cost per
+    request: unlike req/s it hardly moves when other work shares the machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ms(text: str) -> float:
@@ -130,7 +138,8 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def process(args: list[str],
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         yield proc
@@ -153,7 +162,8 @@ def sign_file(path: Path, prefix: str, count: int, timestamp: int) -> None:
 
 def run_wrk(url: str, script: Path, ids: Path, timestamp: int, body: Path, duration: float,
             connections: int, core: int, name: str) -> Result:
-    cmd = ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s",
+    cmd = ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}",
+           f"-d{max(1, round(duration))}s",
            "--latency", "-s", str(script), url, "--", str(ids), str(timestamp), str(body)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=duration + 60)
     if out.returncode != 0:
@@ -212,7 +222,8 @@ def main() -> int:
                     BARE_SERVER, str(port)]
         print(f"wrk -t1 -c{args.connections} -d{args.duration}s on core {args.load_core}; "
               f"servers on core {args.server_core}; {os.cpu_count()} cores")
-        ratios = []
+        ratios: list[float] = []
+        cpu_ratios: list[float] = []
         for round_no in range(1, args.rounds + 1):
             results = {}
             for name, cmd in (("bare", bare_cmd), ("gateway", gateway_cmd)):
@@ -225,19 +236,24 @@ def main() -> int:
                         raise SystemExit(f"bench: {name} exited early")
                     run_wrk(url, script, warm, timestamp, body, args.warmup,
                             args.connections, args.load_core, name)
+                    before = cpu_seconds(proc.pid)
                     results[name] = run_wrk(url, script, measure, timestamp, body,
                                             args.duration, args.connections, args.load_core,
                                             name)
+                    answered = sum(results[name].statuses.values()) or 1
+                    results[name].cpu_us = (cpu_seconds(proc.pid) - before) / answered * 1e6
                 print(f"round {round_no}  " + results[name].line())
             ratio = results["gateway"].rps / results["bare"].rps
             ratios.append(ratio)
-            print(f"round {round_no}  ratio gateway/bare = {ratio:.2f}")
+            cpu_ratios.append(results["bare"].cpu_us / results["gateway"].cpu_us)
+            print(f"round {round_no}  ratio gateway/bare = {ratio:.2f} (req/s), "
+                  f"{cpu_ratios[-1]:.2f} (inverse CPU per request)")
         client = redis.Redis.from_url(durable.url, decode_responses=True)
         enqueued = client.hget("q:{pipeline}:stats:store", "enqueued")
         client.close()
         print(f"items enqueued in redis-durable over all gateway runs: {enqueued}")
         print(f"median ratio over {len(ratios)} round(s): {statistics.median(ratios):.2f} "
-              "(target >= 0.40)")
+              f"req/s, {statistics.median(cpu_ratios):.2f} CPU per request (target >= 0.40)")
     finally:
         embedded.stop_all(servers)
         shutil.rmtree(root, ignore_errors=True)

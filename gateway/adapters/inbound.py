@@ -54,6 +54,8 @@ async def read_body(request: web.Request) -> bytes:
     """The body, refused with 413 as soon as it passes the limit: a chunked body carries no
     Content-Length for the size middleware to check, so the count happens while reading."""
     limit = request.app[INBOUND].settings.max_body_bytes
+    if request.content_length is not None and request.content_length <= limit:
+        return await request.read()  # declared and within the limit (aiohttp enforces it)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(READ_CHUNK):
