@@ -24,6 +24,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway import keys
+from gateway.adapters.chat_guard import Guard
 from gateway.conversations.background import Background
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
@@ -59,7 +60,7 @@ def _incoming(body: dict[str, Any], event: dict[str, Any]) -> Incoming | None:
 
 
 class SlackBot:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, guard: Guard) -> None:
         settings = runtime.settings
         assert settings.slack_bot_token and settings.slack_signing_secret
         self.runtime = runtime
@@ -69,6 +70,7 @@ class SlackBot:
         self.bolt = AsyncApp(signing_secret=settings.slack_signing_secret.get(),
                              client=self.client, logger=log)
         self.background = Background("slack")
+        self.guard = guard
         self.bolt.middleware(self._dedup)
         self.bolt.event("app_mention")(self._on_event)
         self.bolt.event("message")(self._on_event)
@@ -76,9 +78,11 @@ class SlackBot:
 
     # --- HTTP --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        ip = await self.guard.admit(request)
         response = await self.bolt.async_dispatch(await to_bolt_request(request))
         if response.status == 401:
-            raise ApiError(401, "unauthorized", "bad Slack signature or stale timestamp")
+            raise await self.guard.refuse(ip, ApiError(
+                401, "unauthorized", "bad Slack signature or stale timestamp"))
         return await to_aiohttp_response(response)
 
     # --- Bolt middleware and listeners -------------------------------------------------
@@ -159,7 +163,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     settings = runtime.settings
     if not (settings.slack_bot_token and settings.slack_signing_secret):
         return
-    bot = SlackBot(runtime)
+    bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
     app.router.add_post("/slack/events", bot.dispatch)
     app.router.add_post("/slack/commands", bot.dispatch)

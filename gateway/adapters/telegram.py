@@ -27,6 +27,7 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 from telegram.ext import Application, ContextTypes, TypeHandler
 
 from gateway import keys
+from gateway.adapters.chat_guard import Guard
 from gateway.config import ConfigError, Settings
 from gateway.conversations.background import Background
 from gateway.conversations.service import Incoming, handle_incoming
@@ -79,12 +80,13 @@ def _retry_seconds(exc: RetryAfter) -> float:
 class TelegramBot:
     """One bot: its PTB Application, the webhook route and the background handling."""
 
-    def __init__(self, runtime: Runtime, *, polling: bool = False) -> None:
+    def __init__(self, runtime: Runtime, guard: Guard, *, polling: bool = False) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.polling = polling
         self.ptb = build_application(self.settings, polling=polling)
         self.background = Background("telegram")
+        self.guard = guard
         self.ready = asyncio.Event()
         section = self.settings.section("telegram")
         self.poll_timeout = int(section.get("poll_timeout", 10))
@@ -124,10 +126,12 @@ class TelegramBot:
 
     # --- inbound -----------------------------------------------------------------------
     async def webhook(self, request: web.Request) -> web.Response:
+        ip = await self.guard.admit(request)
         secret = self.settings.telegram_webhook_secret
         offered = request.headers.get(SECRET_HEADER, "")
         if not secret or not hmac.compare_digest(offered.encode(), secret.get().encode()):
-            raise ApiError(403, "forbidden", f"missing or wrong {SECRET_HEADER}")
+            raise await self.guard.refuse(
+                ip, ApiError(403, "forbidden", f"missing or wrong {SECRET_HEADER}"))
         try:
             data = await request.json()
         except ValueError:
@@ -197,7 +201,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     if not runtime.settings.telegram_webhook_secret and not runtime.settings.telegram_polling:
         log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
-    bot = TelegramBot(runtime, polling=runtime.settings.telegram_polling)
+    bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
     app.router.add_post("/telegram/webhook", bot.webhook)
 

@@ -80,7 +80,17 @@ async def test_bad_signature_and_stale_timestamp_are_refused(
     async with client.post("/slack/events", data=b"{}") as response:  # unsigned
         assert response.status == 401
     assert fake_slack.posted_messages() == []
-    assert await runtime.durable.dbsize() == 0  # nothing claimed before verification
+    assert [k async for k in runtime.durable.scan_iter("dedup:*")] == []  # nothing claimed
+
+
+async def test_repeated_bad_signatures_trip_the_barrier(start_bot: Callable[..., Any],
+                                                        fake_slack: FakeSlack) -> None:
+    client = await start_bot(security={"brute_max_failures": 2, "brute_cooldown": 60})
+    payload = event_callback(event_type="app_mention", text="guess")
+    statuses = [(await send_event(client, payload, secret="wrong"))[0] for _ in range(3)]
+    assert statuses == [401, 429, 429]
+    assert (await send_event(client, payload))[0] == 429  # blocked, even when signed right
+    assert fake_slack.posted_messages() == []
 
 
 async def test_mention_answered_once_despite_retries(start_bot: Callable[..., Any],

@@ -98,7 +98,16 @@ async def test_wrong_or_missing_secret_is_refused(start_bot: Callable[..., Any],
     assert await post(client, {"update_id": "x"}) == 400
     assert fake_telegram.sent_messages() == []
     assert await runtime.pg.fetchval("SELECT count(*) FROM conversation_messages") == 0
-    assert await runtime.durable.dbsize() == 0  # nothing claimed for refused requests
+    assert [k async for k in runtime.durable.scan_iter("dedup:*")] == []  # nothing claimed
+
+
+async def test_repeated_wrong_secrets_trip_the_barrier(start_bot: Callable[..., Any],
+                                                       fake_telegram: FakeTelegram) -> None:
+    client = await start_bot(security={"brute_max_failures": 3, "brute_cooldown": 60})
+    statuses = [await post(client, text_update("guess"), secret=f"guess{i}") for i in range(4)]
+    assert statuses == [403, 403, 429, 429]
+    assert await post(client, text_update("now right")) == 429  # blocked, even when right
+    assert fake_telegram.sent_messages() == []
 
 
 async def test_new_switches_and_cache_flush_keeps_conversation(
