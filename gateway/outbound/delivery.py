@@ -74,9 +74,12 @@ async def deliver(runtime: Runtime, limiter: Limiter, limits: list[tuple[str, Ra
     """Send ``text``; True when the platform took it, False when it was dead-lettered."""
     failures = rate_limited = 0
     while True:
-        for name, rate in limits:
-            await limiter.acquire(name, rate=rate.rate, period=rate.period, burst=rate.burst)
         try:
+            # Inside the try: a limiter whose store is unreachable fails this attempt like a
+            # platform error would, so the reply ends in the dead letters, never in limbo.
+            for name, rate in limits:
+                await limiter.acquire(name, rate=rate.rate, period=rate.period,
+                                      burst=rate.burst)
             await send(text)
             return True
         except asyncio.CancelledError:

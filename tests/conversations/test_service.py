@@ -4,7 +4,9 @@ cache loss, redelivery, ordering across replicas, failing handlers and sends."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from gateway import keys
@@ -16,6 +18,7 @@ from gateway.conversations.service import (
     Incoming,
     handle_incoming,
 )
+from gateway.embedded import RedisServer
 from gateway.outbound.errors import RetryLater
 from gateway.push import feed
 from gateway.runtime import Runtime, open_runtime
@@ -214,3 +217,27 @@ async def test_failed_send_is_retried_then_dead_lettered(fast_runtime: Runtime) 
                      "conversation_id": outcome.conversation_id, "message_seq": 2}]
 
 
+
+
+async def test_unreachable_limiter_store_dead_letters_instead_of_losing(
+        fast_settings: Settings, runtime: Runtime,
+        redis_factory: Callable[..., RedisServer]) -> None:
+    """redis-durable dies between messages: the reply cannot pass the limiter, is retried,
+    and lands in undelivered_replies; after a restart the next message is answered."""
+    durable = redis_factory("durable")
+    rt = await open_runtime(dataclasses.replace(fast_settings, durable_url=durable.url))
+    out = Outbox()
+    try:
+        service = ConversationService(rt)
+        await service.handle(msg("before"), out)
+        durable.kill()
+        outcome = await service.handle(msg("during"), out)
+        assert not outcome.delivered
+        durable.restart()
+        await service.handle(msg("after"), out)
+    finally:
+        await rt.close()
+    assert out.texts == ["echo: before (1 messages)", "echo: after (5 messages)"]
+    row = await runtime.pg.fetchrow("SELECT text, attempts, last_error FROM undelivered_replies")
+    assert row["text"] == "echo: during (3 messages)" and row["attempts"] == 3
+    assert "Connection" in row["last_error"]
