@@ -91,9 +91,13 @@ async def test_new_switches_conversation_and_help_status(fast_runtime: Runtime) 
 async def test_flushing_the_cache_keeps_the_conversation(fast_runtime: Runtime) -> None:
     out = Outbox()
     await handle_incoming(fast_runtime, msg("one"), out)
+    pointer = keys.telegram_active_conv("777")
+    await fast_runtime.cache.expire(pointer, 5)
+    await handle_incoming(fast_runtime, msg("sliding"), out)
+    assert await fast_runtime.cache.ttl(pointer) > 5  # every message renews the idle TTL
     await fast_runtime.cache.flushall()
     await handle_incoming(fast_runtime, msg("two"), out)
-    assert out.texts[-1] == "echo: two (3 messages)"  # same conversation, not a new one
+    assert out.texts[-1] == "echo: two (5 messages)"  # same conversation, not a new one
     assert await fast_runtime.pg.fetchval("SELECT count(*) FROM conversations") == 1
     assert await fast_runtime.cache.get(keys.telegram_active_conv("777")) is not None
 
