@@ -126,6 +126,9 @@ class Listener:
                 self.lease = lease
                 try:
                     await self._hold(client, lease, stop)
+                except Exception:  # a bug must not end the listener of a whole deployment
+                    log.exception("mattermost listener %s failed; standing by", self.instance)
+                    await _stopped(stop, self.config.backoff_max)
                 finally:
                     self.lease = None
 
