@@ -25,9 +25,15 @@ from aiohttp import web
 from gateway import keys
 from gateway.adapters import signing
 from gateway.adapters.documents import parse_json, webhook_document
-from gateway.adapters.inbound import INBOUND, Inbound, install, read_body, require_json
+from gateway.adapters.inbound import (
+    INBOUND,
+    Inbound,
+    install,
+    intake_answer,
+    read_body,
+    require_json,
+)
 from gateway.config import Settings
-from gateway.dedup.intake import Intake
 from gateway.runtime import Runtime
 from gateway.web.errors import ApiError
 
@@ -74,9 +80,7 @@ async def receive(request: web.Request) -> web.Response:
     outcome = await inbound.intaker.submit(
         keys.dedup_webhook(verified.source, verified.delivery_id), item_id,
         dict(verified.document))
-    if outcome is Intake.ACCEPTED:
-        return web.json_response({"status": "accepted", "item_id": item_id}, status=202)
-    return web.json_response({"status": "duplicate", "item_id": item_id}, status=200)
+    return intake_answer(outcome, item_id)
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:

@@ -15,9 +15,8 @@ from aiohttp import web
 
 from gateway import keys
 from gateway.adapters.documents import parse_json
-from gateway.adapters.inbound import INBOUND, install, read_body, require_json
+from gateway.adapters.inbound import INBOUND, install, intake_answer, read_body, require_json
 from gateway.adapters.signing import MAX_ID_LENGTH, MalformedError
-from gateway.dedup.intake import Intake
 from gateway.pipeline.queue import job_status
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.runtime import Runtime
@@ -80,9 +79,7 @@ async def submit_job(request: web.Request) -> web.Response:
     outcome = await inbound.intaker.submit(
         keys.dedup_job(job_id) if job_id else None, item_id, document,
         priority=priority, doc_type=doc_type)
-    if outcome is Intake.ACCEPTED:
-        return web.json_response({"status": "accepted", "item_id": item_id}, status=202)
-    return web.json_response({"status": "duplicate", "item_id": item_id}, status=200)
+    return intake_answer(outcome, item_id)
 
 
 async def get_job(request: web.Request) -> web.Response:
