@@ -9,6 +9,8 @@ statement of their transaction: the topic stays locked until it commits.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,6 +53,11 @@ class FeedRow:
         return {"topic": self.topic, "offset": self.offset, "epoch": self.epoch,
                 "kind": self.kind, "payload": self.payload,
                 "created_at": self.created_at.isoformat()}
+
+    @functools.cached_property
+    def wire(self) -> str:
+        """``to_json()`` as compact JSON text, encoded once however many streams send it."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

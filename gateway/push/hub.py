@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from gateway.push.settings import PushSettings
 from gateway.redis_clients import AnyRedis
 
 log = logging.getLogger("gateway.push")
+# How often the hub checks every stream for heartbeats due, departed clients, stuck writes.
+HOUSEKEEPING_SECONDS = 1.0
 
 
 class Disconnected(Exception):
@@ -36,18 +39,31 @@ class Disconnected(Exception):
         self.reason = reason
 
 
+_BEAT = "beat"  # queue marker: a heartbeat is due
+_CLOSE = "close"  # queue marker: the hub closed this subscriber
+
+
 class Subscriber:
-    """One client's bounded buffer of rows offered by the hub."""
+    """One client's bounded buffer of rows offered by the hub.
+
+    The hub also watches it (``housekeep``): a heartbeat marker when the stream was quiet
+    for ``heartbeat_seconds``, a close when the client went away, and an abort when a write
+    has been stuck for ``write_timeout_seconds`` (a client that stopped reading).
+    """
 
     def __init__(self, topics: tuple[str, ...], max_rows: int) -> None:
         self.topics = topics
         self.max_rows = max_rows
         self.closed: str | None = None
+        self.closed_at = 0.0
         # While the client replays a backlog from the feed, live rows it cannot buffer are
         # dropped and ``missed`` set: the replay re-reads them from the feed afterwards.
         self.catching_up = False
         self.missed = False
-        self._queue: asyncio.Queue[FeedRow | None] = asyncio.Queue(max_rows + 1)
+        self.transport: asyncio.Transport | None = None
+        self.last_write = time.monotonic()
+        self.writing_since: float | None = None
+        self._queue: asyncio.Queue[FeedRow | str] = asyncio.Queue(max_rows + 2)
 
     def offer(self, row: FeedRow) -> None:
         if self.closed is not None:
@@ -60,36 +76,51 @@ class Subscriber:
             return
         self._queue.put_nowait(row)
 
+    def beat(self) -> None:
+        if self.closed is None and self._queue.empty():
+            self._queue.put_nowait(_BEAT)
+
     def close(self, reason: str) -> None:
         """Drop what is buffered (memory goes back at once) and wake the reader."""
         if self.closed is not None:
             return
-        self.closed = reason
+        self.closed, self.closed_at = reason, time.monotonic()
         while not self._queue.empty():
             self._queue.get_nowait()
-        self._queue.put_nowait(None)
+        self._queue.put_nowait(_CLOSE)
 
-    async def next(self, timeout: float) -> FeedRow | None:
-        """The next row, or None after ``timeout`` seconds; raises Disconnected once closed."""
-        if self.closed is not None:
-            raise Disconnected(self.closed)
-        try:
-            row = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
-        if row is None:
+    async def next(self) -> FeedRow | None:
+        """The next row, or None when a heartbeat is due; raises Disconnected once closed."""
+        item = self._queue.get_nowait() if not self._queue.empty() else await self._queue.get()
+        if item == _CLOSE or self.closed is not None:
             raise Disconnected(self.closed or "closed")
-        return row
+        return item if isinstance(item, FeedRow) else None
 
     def drain(self) -> list[FeedRow]:
-        """Everything buffered right now, without waiting."""
+        """Every row buffered right now, without waiting."""
         rows = []
         while not self._queue.empty():
-            row = self._queue.get_nowait()
-            if row is None:
+            item = self._queue.get_nowait()
+            if item == _CLOSE:
                 raise Disconnected(self.closed or "closed")
-            rows.append(row)
+            if isinstance(item, FeedRow):
+                rows.append(item)
         return rows
+
+    def housekeep(self, now: float, heartbeat: float, write_timeout: float) -> None:
+        transport = self.transport
+        if self.closed is not None:
+            if transport is not None and now - self.closed_at > write_timeout:
+                transport.abort()  # its writer is stuck on a client that does not read
+            return
+        if transport is not None and transport.is_closing():
+            self.close("gone: the client closed the connection")
+        elif self.writing_since is not None and now - self.writing_since > write_timeout:
+            self.close(f"too_slow: a write did not finish in {write_timeout:g} s")
+            if transport is not None:
+                transport.abort()
+        elif now - self.last_write >= heartbeat:
+            self.beat()
 
 
 @dataclass
@@ -224,8 +255,19 @@ class Hub:
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    async def _housekeeping(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            now = time.monotonic()
+            subs = {sub for state in self.topics.values() for sub in state.subscribers}
+            for sub in subs:
+                sub.housekeep(now, self.config.heartbeat_seconds,
+                              self.config.write_timeout_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), HOUSEKEEPING_SECONDS)
+
     async def run(self, stop: asyncio.Event) -> None:
         listener = asyncio.create_task(self.listener.run(stop))
+        self._spawn(self._housekeeping(stop))
         try:
             while not stop.is_set():
                 interval = (self.config.poll_seconds if self.signals_up

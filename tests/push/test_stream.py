@@ -157,3 +157,29 @@ async def test_reset_raises_the_epoch_and_streams_restart(runtime: Runtime,
     body: dict[str, Any] = await (await client.get(
         "/v1/feed", params={"topic": "pipeline"})).json()
     assert body["epoch"] == 2 and [r["offset"] for r in body["rows"]] == [1, 2]
+
+
+async def test_idle_stream_gets_heartbeat_comments(push_server: Any) -> None:
+    client = await push_server(heartbeat_seconds=0.2)
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    lines: list[bytes] = []
+
+    async def two_heartbeats() -> None:
+        async for line in resp.content:
+            lines.append(line)
+            if lines.count(b": heartbeat\n") == 2:
+                return
+
+    await asyncio.wait_for(two_heartbeats(), 10)
+    assert lines[0] == b": connected\n"
+    resp.close()
+
+
+async def test_client_gone_is_unsubscribed(push_server: Any) -> None:
+    client = await push_server()
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    hub = hub_of(client)
+    assert hub.subscriber_count == 1
+    resp.close()
+    await wait_until(lambda: hub.subscriber_count == 0, message="subscriber released")
+    assert "pipeline" not in hub.topics

@@ -1,0 +1,307 @@
+"""Push benchmark (issue 5 §7): feed commit → receipt by N SSE clients of one ``gateway serve``
+process, side by side with a bare redis-py subscriber of the same ``PUBLISH`` (the floor).
+
+Layout on a 2-core machine: the gateway server alone on ``--server-core``; the stores, the
+writer + bare subscriber process and the SSE client process on ``--load-core``. Times are
+``time.perf_counter()`` (CLOCK_MONOTONIC, the same clock in every process of the host): the
+writer stamps each row right after its transaction commits, before the PUBLISH; receivers
+stamp it when the bytes arrive.
+
+For each N in ``--clients`` (default 1,100,1000):
+  * latency: ``--messages`` rows at ``--rate`` rows/s; p50/p99 over every (client, row);
+  * fan-out: a burst of ``--burst`` rows written back to back; deliveries per second from the
+    first commit to the last receipt (SSE: N * burst deliveries; bare: burst).
+
+    python bench/push.py [--clients 1,100,1000] [--messages 200] [--rate 50] [--burst 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway import embedded, keys
+from gateway.push import feed
+from gateway.store.migrate import migrate_url
+from gateway.store.pool import create_pool
+
+OFFSET_RE = re.compile(rb'\ndata: \{"topic":"[^"]+","offset":(\d+),')
+
+
+# --- SSE clients (child process) ----------------------------------------------------------
+
+async def _sse_client(port: int, topic: str, last: int, out: list[tuple[int, float]],
+                      ready: list[int], all_ready: asyncio.Event, clients: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /v1/stream?topics={topic} HTTP/1.1\r\nHost: bench\r\n"
+                 "Accept: text/event-stream\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b" 200 " not in head.split(b"\r\n", 1)[0]:
+        raise RuntimeError(head.decode(errors="replace"))
+    ready[0] += 1
+    if ready[0] == clients:
+        all_ready.set()
+    buf = b""
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return
+            now = time.perf_counter()
+            buf += data
+            cut = buf.rfind(b"\n\n")
+            if cut < 0:
+                continue
+            done = False
+            for match in OFFSET_RE.finditer(buf, 0, cut):
+                offset = int(match.group(1))
+                out.append((offset, now))
+                done = done or offset >= last
+            buf = buf[cut:]
+            if done:
+                return
+    finally:
+        writer.close()
+
+
+def client_process(port: int, topic: str, clients: int, last: int, conn: Any) -> None:
+    """Connect ``clients`` streams, report ready, collect receipts until ``last``."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+        uvloop.install()
+
+    async def main() -> None:
+        ready = [0]
+        all_ready = asyncio.Event()
+        receipts: list[list[tuple[int, float]]] = [[] for _ in range(clients)]
+        tasks = []
+        for i in range(clients):
+            tasks.append(asyncio.create_task(
+                _sse_client(port, topic, last, receipts[i], ready, all_ready, clients)))
+            if i % 50 == 49:
+                await asyncio.sleep(0.01)  # pace the connects a little (listen backlog)
+        try:
+            await asyncio.wait_for(all_ready.wait(), 120)
+        except TimeoutError:
+            conn.send(f"only {ready[0]} of {clients} streams connected")
+            return
+        conn.send("ready")
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        errors = [repr(r) for r in results if isinstance(r, BaseException)]
+        conn.send({"receipts": receipts, "errors": errors[:5], "error_count": len(errors)})
+
+    asyncio.run(main())
+
+
+# --- writer and bare subscriber (this process) --------------------------------------------
+
+async def bare_subscriber(cache_url: str, topic: str, last: int,
+                          out: list[tuple[int, float]], ready: asyncio.Event) -> None:
+    client = aioredis.from_url(cache_url, decode_responses=True, protocol=2)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(keys.push_channel(topic))
+    ready.set()
+    try:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+            if message is None:
+                continue
+            now = time.perf_counter()
+            offset = json.loads(message["data"])["offset"]
+            out.append((offset, now))
+            if offset >= last:
+                return
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+async def write_rows(pool: Any, cache: Any, topic: str, first: int, count: int, rate: float | None,
+                     commits: dict[int, float]) -> None:
+    start = time.perf_counter()
+    for i in range(count):
+        if rate:
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        async with pool.acquire() as conn, conn.transaction():
+            row = await feed.append(conn, topic, "bench", {"i": first + i})
+        commits[row.offset] = time.perf_counter()
+        await feed.publish(cache, row)
+
+
+def percentiles(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    values = sorted(values)
+    return (values[len(values) // 2] * 1000,
+            values[min(len(values) - 1, int(len(values) * 0.99))] * 1000)
+
+
+async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url: str,
+                    clients: int) -> dict[str, Any]:
+    topic = f"bench.{clients}.{int(time.time())}"
+    total = args.messages + args.burst
+    parent, child = mp.Pipe()
+    proc = mp.Process(target=client_process, args=(port, topic, clients, total, child))
+    proc.start()
+    pin(proc.pid, args.load_core)
+    pool = await create_pool(pg_url, max_size=4)
+    cache = aioredis.from_url(cache_url, decode_responses=True, protocol=2)
+    bare: list[tuple[int, float]] = []
+    bare_ready = asyncio.Event()
+    try:
+        loop = asyncio.get_running_loop()
+        status = await loop.run_in_executor(None, parent.recv)
+        if status != "ready":
+            raise SystemExit(f"bench: client process: {status}")
+        bare_task = asyncio.create_task(bare_subscriber(cache_url, topic, total, bare, bare_ready))
+        await bare_ready.wait()
+        commits: dict[int, float] = {}
+        await write_rows(pool, cache, topic, 0, args.messages, args.rate, commits)
+        burst_start = time.perf_counter()
+        await write_rows(pool, cache, topic, args.messages, args.burst, None, commits)
+        result = await loop.run_in_executor(None, parent.recv)
+        await asyncio.wait_for(bare_task, 30)
+    finally:
+        await pool.close()
+        await cache.aclose()
+        proc.join(30)
+    receipts = result["receipts"]
+    lat_sse = [t - commits[o] for r in receipts for o, t in r if o <= args.messages]
+    lat_bare = [t - commits[o] for o, t in bare if o <= args.messages]
+    burst_sse = [t for r in receipts for o, t in r if o > args.messages]
+    burst_bare = [t for o, t in bare if o > args.messages]
+    delivered = sum(len(r) for r in receipts)
+    return {
+        "clients": clients,
+        "sse": percentiles(lat_sse), "bare": percentiles(lat_bare),
+        "sse_fanout": len(burst_sse) / (max(burst_sse) - burst_start) if burst_sse else 0.0,
+        "bare_fanout": len(burst_bare) / (max(burst_bare) - burst_start) if burst_bare else 0.0,
+        "missing": clients * total - delivered, "errors": result["error_count"],
+        "error_sample": result["errors"],
+    }
+
+
+# --- plumbing -------------------------------------------------------------------------------
+
+def pin(pid: int, core: int) -> None:
+    if core < 0:
+        return  # --no-pin
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, {core})
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"bench: {url} did not answer within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def server_process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def raise_fd_limit(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        raise SystemExit(f"bench: ulimit -n is {soft}; need about {needed}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", default="1,100,1000")
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--load-core", type=int, default=1)
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let the scheduler place every process (on a shared machine)")
+    args = parser.parse_args()
+    if args.no_pin:
+        args.server_core = args.load_core = -1
+    counts = [int(c) for c in args.clients.split(",")]
+    raise_fd_limit(max(counts) * 2 + 256)
+
+    root = Path(tempfile.mkdtemp(prefix="gwp-"))
+    servers: list[embedded.RedisServer | embedded.PostgresServer] = []
+    try:
+        durable = embedded.RedisServer("durable", root / "durable", embedded.new_password()).start()
+        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
+        servers += [durable, cache]
+        pg = embedded.PostgresServer(root / "pg" / "data").start()
+        servers.append(pg)
+        for server in (durable, cache):
+            assert server.proc is not None
+            pin(server.proc.pid, args.load_core)
+        pin(os.getpid(), args.load_core)
+        asyncio.run(migrate_url(pg.url))
+        port = embedded.free_port()
+        env = {**os.environ, "GATEWAY_DURABLE_URL": durable.url, "GATEWAY_CACHE_URL": cache.url,
+               "GATEWAY_DATABASE_URL": pg.url, "GATEWAY_HOST": "127.0.0.1",
+               "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "WARNING"}
+        cmd = [sys.executable, "-m", "gateway.cli", "serve"]
+        if shutil.which("taskset") and args.server_core >= 0:
+            cmd[:0] = ["taskset", "-c", str(args.server_core)]
+        placement = ("no pinning" if args.no_pin else
+                     f"server on core {args.server_core}; stores, writer, bare subscriber and "
+                     f"SSE clients on core {args.load_core}")
+        print(f"{placement}; {os.cpu_count()} cores; "
+              f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
+        print(f"{'clients':>7} {'bare p50':>9} {'bare p99':>9} {'sse p50':>8} {'sse p99':>8} "
+              f"{'p99 ratio':>9} {'bare msg/s':>10} {'sse deliveries/s':>16} {'missing':>7}")
+        with server_process(cmd, env):
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            for clients in counts:
+                r = asyncio.run(run_round(args, port, cache.url, pg.url, clients))
+                (b50, b99), (s50, s99) = r["bare"], r["sse"]
+                print(f"{clients:>7} {b50:>8.2f}ms {b99:>8.2f}ms {s50:>7.2f}ms {s99:>7.2f}ms "
+                      f"{s99 / b99:>8.2f}x {r['bare_fanout']:>10.0f} {r['sse_fanout']:>16.0f} "
+                      f"{r['missing']:>7}", flush=True)
+                if r["errors"]:
+                    print(f"        {r['errors']} client errors, e.g. {r['error_sample']}")
+    finally:
+        embedded.stop_all(servers)
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
