@@ -50,6 +50,7 @@ class Intaker:
         self.auto = auto
         self.ttl = ttl
         self._add = scripts_for(auto.redis).add
+        self._enqueued = metrics.ENQUEUED.labels("store")
 
     async def submit(self, claim_key: str | None, item_id: str, document: dict[str, Any], *,
                      priority: str = "normal", doc_type: str = "other") -> Intake:
@@ -78,7 +79,7 @@ class Intaker:
             # ADD's own window keeps rejecting the item meanwhile.
             self.auto.send_nowait([("SET", claim_key, claims.DONE, "EX", self.ttl)])
         if int(added):
-            metrics.ENQUEUED.labels("store").inc()
+            self._enqueued.inc()
             return Intake.ACCEPTED
         return Intake.DUPLICATE
 
