@@ -76,6 +76,8 @@ class SignalListener:
         if channel not in self._wanted:
             self._wanted.add(channel)
             await self._send("subscribe", channel)
+        if not self.connected:
+            return False  # redis-cache is down: do not make the caller wait; it polls
         try:
             await asyncio.wait_for(event.wait(), timeout)
             return True

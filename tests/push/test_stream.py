@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -183,3 +184,26 @@ async def test_client_gone_is_unsubscribed(push_server: Any) -> None:
     resp.close()
     await wait_until(lambda: hub.subscriber_count == 0, message="subscriber released")
     assert "pipeline" not in hub.topics
+
+
+async def test_streams_open_at_once_and_poll_while_redis_cache_is_down(
+        servers: Any, push_server: Any, redis_factory: Any) -> None:
+    from gateway.runtime import open_runtime
+    from tests.conftest import make_settings
+
+    cache = redis_factory("cache")
+    own = await open_runtime(make_settings(servers, cache_url=cache.url))
+    try:
+        client = await push_server(rt=own, subscribe_timeout_seconds=5)
+        cache.kill()
+        await wait_until(lambda: not hub_of(client).signals_up, message="signals down")
+        started = time.monotonic()
+        resp = await client.get("/v1/stream", params={"topics": "conversation:9"})
+        assert resp.status == 200
+        assert time.monotonic() - started < 2  # no wait for a subscription that cannot come
+        await _append(own, "conversation:9", 2, kind="message")  # the PUBLISH fails: swallowed
+        events = await _events(resp, 2)
+        assert [json.loads(e.data)["offset"] for e in events] == [1, 2]
+        resp.close()
+    finally:
+        await own.close()
