@@ -45,8 +45,13 @@ BODY = json.dumps({"type": "order.created", "text": "Order 1234 was created by a
                    "url": "https://shop.test/orders/1234"}).encode()
 
 BARE_SERVER = """
+import os
 import sys
 from aiohttp import web
+
+if os.environ.get("BENCH_UVLOOP"):
+    import uvloop
+    uvloop.install()
 
 async def ok(request):
     return web.Response(status=200)
@@ -181,6 +186,8 @@ def main() -> int:
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
+    parser.add_argument("--uvloop", action="store_true",
+                        help="run both servers on uvloop (gateway serve uses asyncio's loop)")
     parser.add_argument("--profile", metavar="FILE",
                         help="run the gateway under py-spy, collapsed stacks to FILE")
     args = parser.parse_args()
@@ -215,6 +222,10 @@ def main() -> int:
                "GATEWAY_WEBHOOK_SECRETS": f"bench={SECRET}", "GATEWAY_LOG_LEVEL": "WARNING"}
         gateway_cmd = ["taskset", "-c", str(args.server_core), sys.executable, "-m",
                        "gateway.cli", "serve"]
+        if args.uvloop:
+            env["BENCH_UVLOOP"] = "1"
+            gateway_cmd[-3:] = ["-c", "import sys, uvloop; uvloop.install(); "
+                                "from gateway.cli import main; sys.exit(main(['serve']))"]
         if args.profile:
             gateway_cmd[3:3] = ["py-spy", "record", "-r", "250", "-f", "raw", "-o",
                                 args.profile, "--"]
