@@ -20,6 +20,7 @@ from gateway.adapters.telegram import TELEGRAM_BOT, main_set_webhook
 from gateway.cli import _secret_values
 from gateway.config import Secret, Settings
 from gateway.runtime import Runtime
+from tests.adapters.test_webhooks_faults import fill_until_oom
 from tests.conversations.fast import Apps, with_sections
 from tests.fakes import FakeTelegram, text_update
 from tests.fakes.pytest_plugin import TELEGRAM_TOKEN
@@ -231,3 +232,31 @@ async def test_token_never_reaches_the_logs(start_bot: Callable[..., Any],
     assert "sendMessage" in err  # PTB's debug log of the calls was captured...
     assert "send failed" in err  # ...and our retry warning
     assert TELEGRAM_TOKEN not in err and TELEGRAM_TOKEN.split(":")[1] not in err
+
+
+async def test_full_durable_store_is_backpressure_then_the_retry_is_answered(
+        runtime: Runtime, settings: Settings, fake_telegram: FakeTelegram,
+        make_client: Callable[..., Any], redis_factory: Callable[..., Any]) -> None:
+    """redis-durable at maxmemory: the webhook answers 503 + Retry-After (Telegram retries),
+    nothing is half-claimed, and the retry after space is freed gets exactly one reply."""
+    small = redis_factory("durable", maxmemory="4mb")
+    apps = Apps(make_client)
+    try:
+        client, app = await apps.start(dataclasses.replace(
+            telegram_settings(settings, fake_telegram), durable_url=small.url), COMPONENTS)
+        await wait_until(app[TELEGRAM_BOT].ready.is_set, message="bot ready")
+        durable = app[TELEGRAM_BOT].runtime.durable
+        filler = await fill_until_oom(durable)
+        update = text_update("under pressure", chat_id=71)
+        async with client.post("/telegram/webhook", json=update,
+                               headers={HEADER: SECRET}) as refused:
+            assert refused.status == 503 and int(refused.headers["Retry-After"]) > 0
+            assert (await refused.json())["error"] == "backpressure"
+        bot_id = fake_telegram.bot_user["id"]
+        assert not await durable.exists(keys.dedup_telegram_update(bot_id, update["update_id"]))
+        await durable.delete(*(f"filler:{i}" for i in range(filler)))
+        assert await post(client, update) == 200  # Telegram's retry
+        await fake_telegram.wait_for_messages(1, chat_id=71)
+        assert fake_telegram.sent_texts(71) == ["echo: under pressure (1 messages)"]
+    finally:
+        await apps.close()
