@@ -260,3 +260,23 @@ async def test_full_durable_store_is_backpressure_then_the_retry_is_answered(
         assert fake_telegram.sent_texts(71) == ["echo: under pressure (1 messages)"]
     finally:
         await apps.close()
+
+
+async def slow_handler(ctx: Any) -> str | None:
+    await asyncio.sleep(0.5)  # far longer than posting the three updates takes
+    return f"slow: {ctx.incoming.text}"
+
+
+async def test_graceful_stop_finishes_accepted_messages(
+        start_bot: Callable[..., Any], fake_telegram: FakeTelegram, runtime: Runtime) -> None:
+    """Telegram got its 200 for each update: stopping the app must still answer them."""
+    client = await start_bot(conversations={
+        "handler": "tests.adapters.test_telegram:slow_handler"})
+    for i in range(3):
+        assert await post(client, text_update(f"late{i}", chat_id=90)) == 200
+    assert fake_telegram.sent_messages(90) == []  # still being handled
+    await client.close()  # the app's cleanup drains the background work
+    assert fake_telegram.sent_texts(90) == [f"slow: late{i}" for i in range(3)]
+    claims = [await runtime.durable.get(k) async for k in
+              runtime.durable.scan_iter("dedup:telegram-update:*")]
+    assert claims == ["done"] * 3
