@@ -280,3 +280,27 @@ async def test_graceful_stop_finishes_accepted_messages(
     claims = [await runtime.durable.get(k) async for k in
               runtime.durable.scan_iter("dedup:telegram-update:*")]
     assert claims == ["done"] * 3
+
+
+async def test_unreachable_bot_api_at_start_is_retried(
+        runtime: Runtime, settings: Settings, fake_telegram: FakeTelegram,
+        make_client: Callable[..., Any]) -> None:
+    """getMe failing at start-up keeps only the bot waiting (503 to Telegram, which retries),
+    not the gateway; the bot comes up when the Bot API answers."""
+    fake_telegram.fail_next("getMe", status=502, count=10_000)  # down until cleared
+    apps = Apps(make_client)
+    try:
+        client, app = await apps.start(telegram_settings(
+            settings, fake_telegram, telegram={"init_retry_seconds": 0.05}), COMPONENTS)
+        async with client.get("/healthz") as health:
+            assert health.status == 200  # the rest of the gateway serves meanwhile
+        async with client.post("/telegram/webhook", json=text_update("early"),
+                               headers={HEADER: SECRET}) as early:
+            assert early.status == 503 and early.headers["Retry-After"]
+        await fake_telegram.wait_for_calls("getMe", 3)  # retried, paced
+        fake_telegram.clear_faults()
+        await wait_until(app[TELEGRAM_BOT].ready.is_set, message="bot ready after retries")
+        assert await post(client, text_update("later", chat_id=12)) == 200
+        await fake_telegram.wait_for_messages(1, chat_id=12)
+    finally:
+        await apps.close()
