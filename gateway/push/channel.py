@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,15 +39,29 @@ def parse_signal(data: Any) -> dict[str, Any] | None:
     return None
 
 
+# After a failed PUBLISH, skip publishing on that client for this long: while redis-cache is
+# down every PUBLISH would wait out redis-py's connection retries, slowing every writer that
+# signals, for a signal that polling replaces anyway.
+SKIP_AFTER_FAILURE_SECONDS = 1.0
+PUBLISH_TIMEOUT_SECONDS = 1.0
+_down_until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
 async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
                          epoch: int) -> bool:
     """PUBLISH on ``push:<topic>``. Pub/sub is at-most-once anyway, so a failure is logged
     and swallowed: polling the feed cures a lost signal. Returns whether it was sent."""
+    if _down_until.get(cache, 0.0) > time.monotonic():
+        return False
     try:
-        await cache.publish(keys.push_channel(topic), signal_body(topic, offset, kind, epoch))
+        async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+            await cache.publish(keys.push_channel(topic),
+                                signal_body(topic, offset, kind, epoch))
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
-        log.warning("push signal for %s:%s not sent: %s", topic, offset, type(exc).__name__)
+        _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
+        log.warning("push signal for %s:%s not sent (%s); skipping signals for %g s",
+                    topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
         return False
 
 

@@ -263,7 +263,8 @@ class Hub:
                 sub.housekeep(now, self.config.heartbeat_seconds,
                               self.config.write_timeout_seconds)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), HOUSEKEEPING_SECONDS)
+                await asyncio.wait_for(stop.wait(), min(HOUSEKEEPING_SECONDS,
+                                                        self.config.heartbeat_seconds / 2))
 
     async def run(self, stop: asyncio.Event) -> None:
         listener = asyncio.create_task(self.listener.run(stop))
