@@ -148,7 +148,15 @@ class AutoPipeline:
         async with self.redis.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            return await pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
+        # A cluster pipeline applies redis-py's response callbacks; undo the two that change
+        # a simple-string reply into True, so callers see RESP2 replies on every topology.
+        return [_UNCALLBACK.get(str(command[0]).upper(), {}).get(reply, reply)
+                if reply is True else reply
+                for command, reply in zip(commands, replies, strict=True)]
+
+
+_UNCALLBACK: dict[str, dict[Any, Any]] = {"SET": {True: "OK"}, "PING": {True: "PONG"}}
 
 
 def _pack(conn: Any, commands: list[Command]) -> bytes | list[bytes]:

@@ -65,7 +65,7 @@ class Intaker:
         replies = await self._batch(commands, claim_key, token)
         added = replies[-1]
         claim_reply = replies[0] if claim_key is not None else None
-        won = claim_reply in ("OK", True)  # raw reply; a cluster pipeline answers True
+        won = claim_reply == "OK"
         if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
             added = await _result(self._add(keys=add_keys, args=add_args))
         if isinstance(added, Exception):
