@@ -26,16 +26,13 @@ import os
 import re
 import resource
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import ingest  # sibling bench script: process placement and HTTP readiness helpers
 import redis.asyncio as aioredis
 
 from gateway import embedded, keys
@@ -204,35 +201,8 @@ async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url:
 # --- plumbing -------------------------------------------------------------------------------
 
 def pin(pid: int, core: int) -> None:
-    if core < 0:
-        return  # --no-pin
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(pid, {core})
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"bench: {url} did not answer within {timeout:.0f} s")
-
-
-@contextlib.contextmanager
-def server_process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    if core >= 0:  # a negative core: --no-pin
+        ingest.pin(pid, core)
 
 
 def raise_fd_limit(needed: int) -> None:
@@ -287,8 +257,8 @@ def main() -> int:
               f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
         print(f"{'clients':>7} {'bare p50':>9} {'bare p99':>9} {'sse p50':>8} {'sse p99':>8} "
               f"{'p99 ratio':>9} {'bare msg/s':>10} {'sse deliveries/s':>16} {'missing':>7}")
-        with server_process(cmd, env):
-            wait_http(f"http://127.0.0.1:{port}/healthz")
+        with ingest.process(cmd, env):
+            ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
             for clients in counts:
                 r = asyncio.run(run_round(args, port, cache.url, pg.url, clients))
                 (b50, b99), (s50, s99) = r["bare"], r["sse"]
