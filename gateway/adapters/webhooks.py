@@ -40,7 +40,7 @@ from gateway.web.errors import ApiError
 
 def item_id_for(source: str, delivery_id: str) -> str:
     """Item ids of webhooks are ``webhook:<source>:<delivery id>``: unique per sender and
-    delivery, and never a valid ``job_id`` (which has no colon), so the two cannot collide."""
+    delivery; ``POST /v1/jobs`` refuses job ids with this prefix, so the two cannot collide."""
     return f"webhook:{source}:{delivery_id}"
 
 
