@@ -120,28 +120,38 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
     return added
 
 
-def fetch_call(stage: str, worker: str, token: str,
-               lease_ms: int) -> tuple[list[str], list[str]]:
+def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
+               count: int = 1) -> tuple[list[str], list[str]]:
     keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
             meta_key(), doc_key()]
-    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS)]
+    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count)]
+
+
+async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
+                     count: int) -> list[Lease]:
+    """Pop up to ``count`` best items of ``stage`` under one fresh fencing token.
+
+    A FETCH retried after a lost reply may pop items under a token nobody knows; they are
+    not lost, only late: RECLAIM returns them when their leases expire.
+    """
+    token = uuid.uuid4().hex
+    keys, args = fetch_call(stage, worker, token, lease_ms, count)
+    reply = await scripts_for(durable).fetch(keys=keys, args=args)
+    if not reply:
+        return []
+    leases = []
+    for i in range(0, len(reply), 7):
+        item, started, payload, base, bonus, failures, reclaims = reply[i:i + 7]
+        leases.append(Lease(item, stage, token, worker, int(started),
+                            json.loads(payload) if payload else None,
+                            float(base), float(bonus), int(failures), int(reclaims)))
+    return leases
 
 
 async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Lease | None:
-    """Pop the best item of ``stage`` under a fresh fencing token, or None when empty.
-
-    A FETCH retried after a lost reply may pop a second item under a token nobody knows;
-    that item is not lost, only late: RECLAIM returns it when its lease expires.
-    """
-    token = uuid.uuid4().hex
-    keys, args = fetch_call(stage, worker, token, lease_ms)
-    reply = await scripts_for(durable).fetch(keys=keys, args=args)
-    if not reply:
-        return None
-    item, started, payload, base, bonus, failures, reclaims = reply
-    return Lease(item, stage, token, worker, int(started),
-                 json.loads(payload) if payload else None,
-                 float(base), float(bonus), int(failures), int(reclaims))
+    """Pop the best item of ``stage`` under a fresh fencing token, or None when empty."""
+    leases = await fetch_many(durable, stage, worker, lease_ms, 1)
+    return leases[0] if leases else None
 
 
 def heartbeat_call(stage: str, item_id: str, token: str,
@@ -166,8 +176,21 @@ def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list
 
 async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
     """Acknowledge the stage; the item moves to the next one (graph is final)."""
-    keys, args = complete_call(lease.stage, lease.item_id, lease.token)
-    return LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))
+    return (await complete_many(durable, [lease]))[0]
+
+
+async def complete_many(durable: AnyRedis, leases: list[Lease]) -> list[LeaseResult]:
+    """COMPLETE several leases in one round trip (one script call each, in a pipeline)."""
+    if len(leases) == 1:
+        keys, args = complete_call(leases[0].stage, leases[0].item_id, leases[0].token)
+        return [LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))]
+    script = scripts_for(durable).complete
+    async with durable.pipeline(transaction=False) as pipe:
+        for lease in leases:
+            keys, args = complete_call(lease.stage, lease.item_id, lease.token)
+            await script(keys=keys, args=args, client=pipe)
+        replies = await pipe.execute()
+    return [LeaseResult(int(r)) for r in replies]
 
 
 async def release(durable: AnyRedis, lease: Lease) -> LeaseResult:
@@ -244,8 +267,8 @@ async def reclaim_all(durable: AnyRedis, *, max_reclaims: int, batch: int = 100,
     return totals
 
 
-__all__ = ["Lease", "LeaseResult", "add_call", "complete", "enqueue", "enqueue_at", "fail",
-           "fetch", "heartbeat", "job_status", "queue_add", "reclaim", "reclaim_all",
-           "release"]
+__all__ = ["Lease", "LeaseResult", "add_call", "complete", "complete_many", "enqueue",
+           "enqueue_at", "fail", "fetch", "fetch_many", "heartbeat", "job_status", "queue_add",
+           "reclaim", "reclaim_all", "release"]
 
 from gateway.pipeline.status import job_status  # noqa: E402  (re-exported for callers)

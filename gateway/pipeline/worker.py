@@ -32,6 +32,12 @@ log = logging.getLogger("gateway.pipeline")
 FEED_TOPIC = "pipeline"
 _PRIORITY_NAME = {v: k for k, v in PRIORITY_BASE.items()}
 _TYPE_NAME = {v: k for k, v in TYPE_BONUS.items()}
+_JOURNAL = """
+INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)
+SELECT item_id, $2, $3, priority, doc_type
+FROM unnest($1::text[], $4::text[], $5::text[]) AS t(item_id, priority, doc_type)
+ON CONFLICT DO NOTHING RETURNING item_id
+"""
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class WorkerConfig:
     idle_min: float = 0.005
     idle_max: float = 0.25
     shutdown_grace: float = 20.0
+    # Items leased and journaled together (group commit); 1 = one transaction per item.
+    batch: int = 8
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
@@ -56,7 +64,8 @@ class WorkerConfig:
                    reclaim_interval=settings.reclaim_seconds,
                    max_reclaims=settings.max_reclaims, max_failures=settings.max_failures,
                    backoff=float(section.get("backoff_seconds", 1.0)),
-                   backoff_cap=float(section.get("backoff_cap_seconds", 300.0)))
+                   backoff_cap=float(section.get("backoff_cap_seconds", 300.0)),
+                   batch=max(1, int(section.get("batch", 8))))
 
     @property
     def lease_ms(self) -> int:
@@ -68,7 +77,9 @@ def worker_id() -> str:
 
 
 class StageWorker:
-    """Runs ``concurrency`` loops for one stage in one process."""
+    """Runs ``concurrency`` loops for one stage in one process. Each loop leases up to
+    ``config.batch`` items at once and commits their handlers' writes, journal rows and feed
+    rows in one transaction (group commit: one fsync for the batch)."""
 
     def __init__(self, runtime: Any, stage: str, handler: Handler, config: WorkerConfig,
                  *, name: str | None = None) -> None:
@@ -91,108 +102,169 @@ class StageWorker:
         idle = self.config.idle_min
         while not stop.is_set():
             try:
-                lease = await queue.fetch(self.runtime.durable, self.stage, self.name,
-                                          self.config.lease_ms)
+                leases = await queue.fetch_many(self.runtime.durable, self.stage, self.name,
+                                                self.config.lease_ms, self.config.batch)
             except Exception as exc:  # store outage: back off, keep the worker alive
                 log.warning("%s: fetch failed: %s", self.stage, exc)
-                lease = None
+                leases = []
                 idle = self.config.idle_max
-            if lease is None:
+            if not leases:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), idle)
                 idle = min(idle * 2, self.config.idle_max)
                 continue
             idle = self.config.idle_min
             try:
-                await self.process(lease, stop)
+                await self.process(leases, stop)
             except Exception as exc:
-                # Redis unreachable at COMPLETE/FAIL: the item stays leased and RECLAIM
-                # returns it; a journaled stage is then acknowledged without a rerun.
-                log.warning("%s %s: left to RECLAIM: %s", self.stage, lease.item_id, exc)
+                # Redis unreachable at COMPLETE/FAIL: the items stay leased and RECLAIM
+                # returns them; a journaled stage is then acknowledged without a rerun.
+                log.warning("%s: %d item(s) left to RECLAIM: %s", self.stage, len(leases), exc)
 
-    async def process(self, lease: queue.Lease, stop: asyncio.Event | None = None) -> None:
-        """Handle one leased item to its end: completed, failed, or released on shutdown."""
-        work = asyncio.create_task(self._run(lease))
-        beat = asyncio.create_task(self._heartbeat(lease, work))
+    async def process(self, leases: list[queue.Lease],
+                      stop: asyncio.Event | None = None) -> None:
+        """Handle leased items to their end: completed, failed, or released on shutdown."""
+        work = asyncio.create_task(self._run(leases))
+        beat = asyncio.create_task(self._heartbeat(leases, work))
         stopper = asyncio.create_task(self._grace(stop, work)) if stop else None
         try:
-            row, callbacks = await work
+            errors, rows, callbacks = await work
         except asyncio.CancelledError:
             if work.cancelled() and not _current_cancelled():
-                await self._release(lease)
+                await self._release(leases)
                 return
             raise
-        except PermanentError as exc:
-            await self._fail(lease, f"permanent: {exc}", dead=True)
-            return
-        except Exception as exc:
-            await self._fail(lease, f"{type(exc).__name__}: {exc}")
-            return
+        except Exception as exc:  # the transaction itself failed: nothing committed
+            errors = {lease.item_id: exc for lease in leases}
+            rows, callbacks = [], []
         finally:
             beat.cancel()
             if stopper:
                 stopper.cancel()
-        result = await queue.complete(self.runtime.durable, lease)
-        if result is not queue.LeaseResult.OK:
-            log.warning("%s %s: completion refused (%s): lease lost, journal already holds it",
-                        self.stage, lease.item_id, result.name)
-        metrics.COMPLETED.labels(self.stage).inc()
-        next_ = next_stage(self.stage)
-        if next_ and result is queue.LeaseResult.OK:
-            metrics.ENQUEUED.labels(next_).inc()
-        if row is not None:
-            await feed.publish(self.runtime.cache, row)
+        done = [lease for lease in leases if lease.item_id not in errors]
+        if done:
+            await self._complete(done)
+        for lease in leases:
+            if lease.item_id in errors:
+                await self._fail(lease, errors[lease.item_id])
+        if rows:
+            await self._publish(rows)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 await callback()
 
-    async def _run(self, lease: queue.Lease) -> tuple[feed.FeedRow | None, list[Any]]:
-        priority = _PRIORITY_NAME.get(int(lease.base), "normal")
-        doc_type = _TYPE_NAME.get(int(lease.bonus), "other")
-        async with self.runtime.pg.acquire() as conn, conn.transaction():
-            first = await conn.fetchval(
-                "INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)"
-                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
-                lease.item_id, self.stage, self.name, priority, doc_type)
-            if not first:  # an earlier holder committed this stage; just acknowledge
-                return None, []
-            ctx = StageContext(lease.item_id, self.stage, priority, doc_type, lease.document,
-                               conn, self.runtime)
-            started = time.perf_counter()
-            await self.handler(ctx)
-            metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
-            row = await feed.append(conn, FEED_TOPIC, self.stage,
-                                    {"item_id": lease.item_id, "stage": self.stage})
-        return row, ctx.after_commit
-
-    async def _heartbeat(self, lease: queue.Lease, work: asyncio.Task[Any]) -> None:
-        """Extend the lease every heartbeat; a lost lease stops the handler (zombie)."""
-        while True:
-            await asyncio.sleep(self.config.heartbeat)
+    async def _run(self, leases: list[queue.Lease]) -> tuple[
+            dict[str, BaseException], list[feed.FeedRow], list[Any]]:
+        """The whole batch in one transaction; if any handler fails, the batch is rolled
+        back and redone one item per transaction, so one bad item holds back no other."""
+        try:
+            rows, callbacks = await self._transaction(leases)
+            return {}, rows, callbacks
+        except Exception as exc:
+            if len(leases) == 1:
+                return {leases[0].item_id: exc}, [], []
+        errors: dict[str, BaseException] = {}
+        rows, callbacks = [], []
+        for lease in leases:
             try:
-                result = await queue.heartbeat(self.runtime.durable, lease,
-                                               self.config.lease_ms)
+                one_rows, one_callbacks = await self._transaction([lease])
             except Exception as exc:
-                log.warning("%s %s: heartbeat failed: %s", self.stage, lease.item_id, exc)
+                errors[lease.item_id] = exc
                 continue
-            if result is not queue.LeaseResult.OK:
-                log.warning("%s %s: lease lost (%s); abandoning", self.stage, lease.item_id,
-                            result.name)
-                work.cancel()
-                return
+            rows += one_rows
+            callbacks += one_callbacks
+        return errors, rows, callbacks
+
+    async def _transaction(self, leases: list[queue.Lease]) -> tuple[
+            list[feed.FeedRow], list[Any]]:
+        names = [(_PRIORITY_NAME.get(int(lease.base), "normal"),
+                  _TYPE_NAME.get(int(lease.bonus), "other")) for lease in leases]
+        callbacks: list[Any] = []
+        async with self.runtime.pg.acquire() as conn, conn.transaction():
+            # Items whose row already exists were committed by an earlier holder: they are
+            # only acknowledged.
+            fresh = {r["item_id"] for r in await conn.fetch(
+                _JOURNAL, [lease.item_id for lease in leases], self.stage, self.name,
+                [p for p, _ in names], [t for _, t in names])}
+            done = []
+            for lease, (priority, doc_type) in zip(leases, names, strict=True):
+                if lease.item_id not in fresh:
+                    continue
+                ctx = StageContext(lease.item_id, self.stage, priority, doc_type,
+                                   lease.document, conn, self.runtime)
+                started = time.perf_counter()
+                await self.handler(ctx)
+                metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
+                callbacks += ctx.after_commit
+                done.append(lease)
+            # Feed rows last: appending locks the topic's counter row until the commit.
+            rows = [await feed.append(conn, FEED_TOPIC, self.stage,
+                                      {"item_id": lease.item_id, "stage": self.stage})
+                    for lease in done]
+        return rows, callbacks
+
+    async def _publish(self, rows: list[feed.FeedRow]) -> None:
+        """Feed signals of committed rows, in one round trip (the push API takes any
+        client, a pipeline included); at-most-once: a failure is only logged."""
+        try:
+            async with self.runtime.cache.pipeline(transaction=False) as pipe:
+                for row in rows:
+                    await feed.publish(pipe, row)
+                await pipe.execute()
+        except Exception as exc:
+            log.warning("%s: %d feed signal(s) not sent: %s", self.stage, len(rows), exc)
+
+    async def _complete(self, leases: list[queue.Lease]) -> None:
+        results = await queue.complete_many(self.runtime.durable, leases)
+        after = next_stage(self.stage)
+        ok = 0
+        for lease, result in zip(leases, results, strict=True):
+            if result is queue.LeaseResult.OK:
+                ok += 1
+            else:
+                log.warning("%s %s: completion refused (%s): lease lost; the journal holds it",
+                            self.stage, lease.item_id, result.name)
+        metrics.COMPLETED.labels(self.stage).inc(ok)
+        if after and ok:
+            metrics.ENQUEUED.labels(after).inc(ok)
+
+    async def _heartbeat(self, leases: list[queue.Lease], work: asyncio.Task[Any]) -> None:
+        """Extend the leases every heartbeat; when every lease is lost, stop the work."""
+        held = list(leases)
+        while held:
+            await asyncio.sleep(self.config.heartbeat)
+            kept = []
+            for lease in held:
+                try:
+                    result = await queue.heartbeat(self.runtime.durable, lease,
+                                                   self.config.lease_ms)
+                except Exception as exc:
+                    log.warning("%s %s: heartbeat failed: %s", self.stage, lease.item_id, exc)
+                    kept.append(lease)
+                    continue
+                if result is queue.LeaseResult.OK:
+                    kept.append(lease)
+                else:
+                    log.warning("%s %s: lease lost (%s)", self.stage, lease.item_id,
+                                result.name)
+            held = kept
+        work.cancel()  # a zombie: nothing it commits would be acknowledged
 
     async def _grace(self, stop: asyncio.Event, work: asyncio.Task[Any]) -> None:
-        """On stop, give the in-flight item ``shutdown_grace`` seconds, then cancel it (it is
-        then released: rolled back in PostgreSQL, back in its queue in Redis)."""
+        """On stop, give in-flight items ``shutdown_grace`` seconds, then cancel them (they
+        are then released: rolled back in PostgreSQL, back in their queue in Redis)."""
         await stop.wait()
         await asyncio.sleep(self.config.shutdown_grace)
         work.cancel()
 
-    async def _release(self, lease: queue.Lease) -> None:
-        with contextlib.suppress(Exception):
-            await queue.release(self.runtime.durable, lease)
+    async def _release(self, leases: list[queue.Lease]) -> None:
+        for lease in leases:
+            with contextlib.suppress(Exception):
+                await queue.release(self.runtime.durable, lease)
 
-    async def _fail(self, lease: queue.Lease, reason: str, *, dead: bool = False) -> None:
+    async def _fail(self, lease: queue.Lease, exc: BaseException) -> None:
+        dead = isinstance(exc, PermanentError)
+        reason = f"{'permanent: ' if dead else ''}{type(exc).__name__}: {exc}"
         log.info("%s %s failed: %s", self.stage, lease.item_id, reason)
         metrics.FAILED.labels(self.stage).inc()
         outcome = await queue.fail(

@@ -21,7 +21,7 @@ from gateway.runtime import open_runtime
 from tests.helpers import wait_until
 
 FAST = WorkerConfig(lease=1.5, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
-                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
+                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5, batch=4)
 
 
 async def _journal(runtime) -> Counter[tuple[str, str]]:
@@ -94,14 +94,14 @@ async def _open_insert(runtime) -> bool:
 async def test_durable_restart_mid_run_loses_nothing(runtime, servers, redis_factory):
     server = redis_factory("durable")
     rt = await open_runtime(replace(runtime.settings, durable_url=server.url))
-    ids = [f"r{i}" for i in range(60)]
+    ids = [f"r{i}" for i in range(300)]
     try:
         for item_id in ids:
             await queue.enqueue(rt.durable, item_id, {"text": f"item {item_id} #t"})
         stop = asyncio.Event()
         task = asyncio.create_task(run_workers(rt, stop, config=FAST, concurrency=4))
         try:
-            await wait_until(lambda: _finished(runtime, 10), timeout=30, message="progress")
+            await wait_until(lambda: _finished(runtime, 1), timeout=30, message="progress")
             await asyncio.to_thread(server.restart)
             done_at_restart = await runtime.pg.fetchval(
                 "SELECT count(*) FROM pipeline_journal WHERE stage = 'graph'")

@@ -126,3 +126,31 @@ async def test_graceful_stop_releases_in_flight_items(runtime):
     lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
     assert lease is not None and lease.failures == 0 and lease.document == {"text": "x"}
     assert await _journal_count(runtime) == 0
+
+
+async def test_one_bad_item_in_a_batch_holds_back_no_other(runtime):
+    async def picky(ctx: StageContext) -> None:
+        await DEFAULTS["store"](ctx)
+        await ctx.conn.execute("INSERT INTO pipeline_edges VALUES ($1, 'tag', 'seen')",
+                               ctx.item_id)
+        if ctx.item_id == "bad":
+            raise RuntimeError("nope")
+
+    for item_id in ("a", "b", "bad", "c"):
+        await queue.enqueue(runtime.durable, item_id, {"text": item_id})
+    stop = asyncio.Event()
+    config = WorkerConfig(**{**FAST.__dict__, "batch": 4, "max_failures": 1})
+    task = await _run(runtime, stop, concurrency=1, config=config,
+                      handlers={**DEFAULTS, "store": picky})
+    try:
+        await wait_until(lambda: runtime.durable.llen(dead_key("store")), timeout=10,
+                         message="the bad item dead-lettered")
+        await wait_until(lambda: _all_journaled(runtime, 12), timeout=10,
+                         message="the others through chunk/embed/graph")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    edges = await runtime.pg.fetch("SELECT item_id FROM pipeline_edges WHERE target = 'seen'")
+    assert sorted(r["item_id"] for r in edges) == ["a", "b", "c"]  # bad's write rolled back
+    journal = await runtime.pg.fetch("SELECT DISTINCT item_id FROM pipeline_journal")
+    assert sorted(r["item_id"] for r in journal) == ["a", "b", "c"]

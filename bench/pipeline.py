@@ -1,0 +1,275 @@
+"""Pipeline benchmark (issue 3 §7): N items through store -> chunk -> embed -> graph with
+no-op handlers (4N handler runs), one worker process, journaling and feed rows on as in
+production, side by side in one invocation with:
+
+- ``bare``: a bare Lua FETCH+COMPLETE chain with the same client (redis-py asyncio), no
+  leases, journal or heartbeats: the ceiling of this client on this machine;
+- ``saq`` and ``arq`` doing the same four-stage chain (each job enqueues the next), run in a
+  separate virtualenv because both pin redis-py < 8 (created on first use under
+  ``.gateway/bench-peers``; ``--no-peers`` skips them).
+
+All runs use the same embedded redis-durable (flushed between runs). Also reports Redis
+memory per queued item. Figures are recorded in docs/performance.md.
+
+    python bench/pipeline.py [--items 5000] [--concurrency 12] [--peer-concurrency 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gateway import embedded, redis_clients
+from gateway.config import Settings
+from gateway.pipeline import queue
+from gateway.pipeline.handlers import StageContext
+from gateway.pipeline.runner import run_workers
+from gateway.pipeline.stages import STAGES, stats_key
+from gateway.pipeline.worker import WorkerConfig
+from gateway.runtime import open_runtime
+from gateway.store.migrate import migrate_url
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_VENV = ROOT / ".gateway" / "bench-peers"
+PEER_PACKAGES = ["arq==0.28.0", "saq[redis]==0.26.4", "redis[hiredis]>=5,<6"]
+
+BARE_POP = """
+local p = redis.call('ZPOPMIN', KEYS[1])
+if #p == 0 then return false end
+return p[1]
+"""
+BARE_PUSH = "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) return 1"
+
+
+async def noop(ctx: StageContext) -> None:
+    return None
+
+
+async def _wait_graph_done(durable: Any, n: int) -> None:
+    # Polling a Redis counter (10 ms) is the measurement here, not synchronisation.
+    while int(await durable.hget(stats_key("graph"), "completed") or 0) < n:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def _enqueue_all(durable: Any, n: int) -> None:
+    for start in range(0, n, 500):
+        async with durable.pipeline(transaction=False) as pipe:
+            for i in range(start, min(n, start + 500)):
+                await queue.queue_add(pipe, f"item-{i}", {"text": f"document {i}"})
+            await pipe.execute()
+
+
+async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int) -> float:
+    runtime = await open_runtime(settings, pg_max_size=min(4 * concurrency, 40) + 2)
+    try:
+        await _reset(runtime)
+        await _enqueue_all(runtime.durable, n)
+        stop = asyncio.Event()
+        config = WorkerConfig(lease=90, heartbeat=30, reclaim_interval=60, idle_max=0.05,
+                              batch=batch)
+        started = time.perf_counter()
+        task = asyncio.create_task(run_workers(
+            runtime, stop, concurrency=concurrency, config=config,
+            handlers=dict.fromkeys(STAGES, noop)))
+        await _wait_graph_done(runtime.durable, n)
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await task
+        journaled = await runtime.pg.fetchval("SELECT count(*) FROM pipeline_journal")
+        assert journaled == 4 * n, journaled
+        return elapsed
+    finally:
+        await runtime.close()
+
+
+async def _reset(runtime: Any) -> None:
+    await runtime.durable.flushall()
+    await runtime.pg.execute("TRUNCATE pipeline_journal, feed, feed_topics")
+
+
+async def run_bare(url: str, n: int, concurrency: int) -> float:
+    """The ceiling: per stage, ``concurrency`` loops of EVALSHA pop + EVALSHA push."""
+    client = redis_clients.connect(url, variable="bench")
+    try:
+        await client.flushall()
+        pop, push = client.register_script(BARE_POP), client.register_script(BARE_PUSH)
+        ready = [f"q:{{pipeline}}:bare:{s}" for s in STAGES] + ["q:{pipeline}:bare:done"]
+        for start in range(0, n, 1000):
+            await client.zadd(ready[0], {f"i{i}": i for i in range(start, min(n, start + 1000))})
+        done = 0
+
+        async def loop(stage: int) -> None:
+            nonlocal done
+            while done < n:
+                item = await pop(keys=[ready[stage]])
+                if item is None:
+                    await asyncio.sleep(0.001)
+                    continue
+                await push(keys=[ready[stage + 1]], args=[item, 1])
+                if stage == len(STAGES) - 1:
+                    done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop(s) for s in range(len(STAGES)) for _ in range(concurrency)))
+        return time.perf_counter() - started
+    finally:
+        await client.aclose()
+
+
+async def memory_per_item(url: str, n: int) -> tuple[float, int]:
+    """Bytes of Redis memory per item queued in store (payload included), and payload size."""
+    client = redis_clients.connect(url, variable="bench")
+    try:
+        await client.flushall()
+        document = {"text": "x" * 100}
+        before = int((await client.info("memory"))["used_memory"])
+        await _enqueue_all_doc(client, n, document)
+        after = int((await client.info("memory"))["used_memory"])
+        return (after - before) / n, len(json.dumps(document, separators=(",", ":")))
+    finally:
+        await client.aclose()
+
+
+async def _enqueue_all_doc(client: Any, n: int, document: dict[str, Any]) -> None:
+    for start in range(0, n, 500):
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(start, min(n, start + 500)):
+                await queue.queue_add(pipe, f"item-{i:08d}", document)
+            await pipe.execute()
+
+
+PEER_SCRIPT = r'''
+import asyncio, sys, time
+kind, url, n, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+STAGES = ["store", "chunk", "embed", "graph"]
+
+async def run_saq():
+    from saq import Queue, Worker
+    q = Queue.from_url(url, name="bench")
+    done = asyncio.Event(); count = 0
+    async def stage(ctx, *, i, s):
+        nonlocal count
+        if s + 1 < len(STAGES):
+            await ctx["queue"].enqueue("stage", i=i, s=s + 1)
+        else:
+            count += 1
+            if count >= n: done.set()
+    await q.connect()
+    for i in range(n):
+        await q.enqueue("stage", i=i, s=0)
+    w = Worker(q, functions=[("stage", stage)], concurrency=concurrency)
+    t0 = time.perf_counter()
+    task = asyncio.create_task(w.start())
+    await done.wait()
+    elapsed = time.perf_counter() - t0
+    await w.stop(); task.cancel()
+    print(elapsed)
+
+async def run_arq():
+    from arq import create_pool
+    from arq.connections import RedisSettings
+    from arq.worker import Worker
+    rs = RedisSettings.from_dsn(url)
+    pool = await create_pool(rs)
+    done = asyncio.Event(); count = 0
+    async def stage(ctx, i, s):
+        nonlocal count
+        if s + 1 < len(STAGES):
+            await ctx["redis"].enqueue_job("stage", i, s + 1)
+        else:
+            count += 1
+            if count >= n: done.set()
+    stage.__qualname__ = "stage"
+    for i in range(n):
+        await pool.enqueue_job("stage", i, 0)
+    w = Worker(functions=[stage], redis_pool=pool, max_jobs=concurrency, poll_delay=0.01,
+               keep_result=0, handle_signals=False)
+    t0 = time.perf_counter()
+    task = asyncio.create_task(w.async_run())
+    await done.wait()
+    elapsed = time.perf_counter() - t0
+    task.cancel()
+    print(elapsed)
+
+asyncio.run(run_saq() if kind == "saq" else run_arq())
+'''
+
+
+def peers_python() -> Path:
+    python = PEERS_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {PEERS_VENV} for saq and arq (they pin redis-py < 8) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return python
+
+
+def run_peer(kind: str, url: str, n: int, concurrency: int) -> float:
+    redis_clients.connect(url, variable="bench")  # validates the URL only
+    import redis
+
+    redis.Redis.from_url(url).flushall()
+    out = subprocess.run([str(peers_python()), "-c", PEER_SCRIPT, kind, url, str(n),
+                          str(concurrency)], check=True, capture_output=True, text=True,
+                         timeout=900)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=12,
+                        help="gateway and bare: coroutines per stage")
+    parser.add_argument("--batch", type=int, default=8, help="gateway: items per transaction")
+    parser.add_argument("--peer-concurrency", type=int, default=50)
+    parser.add_argument("--no-peers", action="store_true")
+    args = parser.parse_args()
+    n = args.items
+    root = Path(tempfile.mkdtemp(prefix="gwbench-pipe-"))
+    servers: list[Any] = []
+    try:
+        durable = embedded.RedisServer("durable", root / "durable",
+                                       embedded.new_password()).start()
+        servers.append(durable)
+        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
+        servers.append(cache)
+        pg = embedded.PostgresServer(root / "pg" / "data").start()
+        servers.append(pg)
+        asyncio.run(migrate_url(pg.url))
+        settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
+                           database_url=pg.url)
+        results: dict[str, float] = {}
+        results["gateway"] = asyncio.run(run_gateway(settings, n, args.concurrency, args.batch))
+        results["bare"] = asyncio.run(run_bare(durable.url, n, args.concurrency))
+        if not args.no_peers:
+            for kind in ("saq", "arq"):
+                results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
+        per_item, payload = asyncio.run(memory_per_item(durable.url, n))
+    finally:
+        embedded.stop_all(servers)
+    rates = {name: n / seconds for name, seconds in results.items()}
+    print(f"{n} items x 4 stages, gateway/bare concurrency {args.concurrency}/stage, "
+          f"peers {args.peer_concurrency}")
+    for name, rate in rates.items():
+        print(f"  {name:8s} {rate:8.0f} items/s  {4 * rate:8.0f} handler runs/s  "
+              f"({results[name]:.2f} s)")
+    gw = rates["gateway"]
+    print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}")
+    for peer in ("saq", "arq"):
+        if peer in rates:
+            print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
+    print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
+          f"payload ({per_item - payload:.0f} bytes overhead)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
