@@ -145,15 +145,20 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 @contextlib.contextmanager
 def process(args: list[str],
             env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """A server in its own process group, so stopping it also stops what it started
+    (py-spy's child when profiling)."""
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
