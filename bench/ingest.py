@@ -143,12 +143,13 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str],
-            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def process(args: list[str], env: dict[str, str],
+            log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A server in its own process group, so stopping it also stops what it started
-    (py-spy's child when profiling)."""
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    (py-spy's child when profiling); its output goes to ``log``."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         yield proc
     finally:
@@ -246,7 +247,7 @@ def main() -> int:
                 warm, measure = root / f"warm-{round_no}-{name}", root / f"ids-{round_no}-{name}"
                 sign_file(warm, f"w{round_no}", 50_000, timestamp)
                 sign_file(measure, f"m{round_no}", args.ids, timestamp)
-                with process(cmd, env) as proc:
+                with process(cmd, env, root / f"{name}-{round_no}.log") as proc:
                     wait_http(f"http://127.0.0.1:{port}/healthz")
                     if proc.poll() is not None:
                         raise SystemExit(f"bench: {name} exited early")
@@ -267,7 +268,7 @@ def main() -> int:
         client = redis.Redis.from_url(durable.url, decode_responses=True)
         enqueued = client.hget("q:{pipeline}:stats:store", "enqueued")
         client.close()
-        print(f"items enqueued in redis-durable over all gateway runs: {enqueued}")
+        print(f"items enqueued in redis-durable over all gateway runs: {enqueued!s}")
         print(f"median ratio over {len(ratios)} round(s): {statistics.median(ratios):.2f} "
               f"req/s, {statistics.median(cpu_ratios):.2f} CPU per request (target >= 0.40)")
     finally:
