@@ -26,13 +26,16 @@ import os
 import re
 import resource
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ingest  # sibling bench script: process placement and HTTP readiness helpers
+import ingest  # sibling bench script: its pin() and wait_http() helpers
 import redis.asyncio as aioredis
 
 from gateway import embedded, keys
@@ -205,6 +208,22 @@ def pin(pid: int, core: int) -> None:
         ingest.pin(pid, core)
 
 
+@contextlib.contextmanager
+def gateway_server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[None]:
+    """``gateway serve`` for the length of the block; its output goes to ``log``."""
+    with log.open("wb") as out:
+        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def raise_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < needed:
@@ -257,7 +276,7 @@ def main() -> int:
               f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
         print(f"{'clients':>7} {'bare p50':>9} {'bare p99':>9} {'sse p50':>8} {'sse p99':>8} "
               f"{'p99 ratio':>9} {'bare msg/s':>10} {'sse deliveries/s':>16} {'missing':>7}")
-        with ingest.process(cmd, env):
+        with gateway_server(cmd, env, root / "gateway.log"):
             ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
             for clients in counts:
                 r = asyncio.run(run_round(args, port, cache.url, pg.url, clients))
