@@ -222,6 +222,8 @@ class Listener:
                         if post is not None:
                             self._spawn(self._process(client, lease, post))
             except _NETWORK_ERRORS as exc:
+                if _cancelling():
+                    raise asyncio.CancelledError from exc
                 log.warning("mattermost socket: %s", exc)
             if connected_at is not None:
                 self.state.reconnects += 1
@@ -330,8 +332,20 @@ class Listener:
         await client.create_post(post.channel_id, text, post.root_id or None)
 
 
+def _cancelling() -> bool:
+    """Was this task asked to stop (even if a library turned that into another error)?"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:
-    """Cancel and reap; a cancellation of the caller itself still propagates."""
+    """Cancel and reap. A library may turn a cancellation that races with its own timeout
+    into a ``TimeoutError`` and carry on, so cancel again until every task is done."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
     for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" noise

@@ -146,7 +146,7 @@ async def test_cancelled_listener_flag_expires(runtime: Runtime,
     task = asyncio.create_task(listener.run(asyncio.Event()))
     await wait_until(lambda: health.read(runtime.cache), timeout=5, message="flag")
     task.cancel()  # no clean stop: nothing clears the flag, its TTL does
-    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
     await wait_until(lambda: fake_mattermost.open_sockets == 0, message="socket closed")
     assert await health.read(runtime.cache) is not None
 
