@@ -83,6 +83,7 @@ class ListenerConfig:
     catchup_margin: float = 5.0
     catchup_lookback: float = 120.0
     ws_heartbeat: float = 30.0
+    hello_timeout: float = 30.0
     dedup_ttl: int = 86400
     max_concurrent: int = 8
     drain_seconds: float = 5.0
@@ -205,22 +206,16 @@ class Listener:
         while True:
             connected_at: float | None = None
             try:
-                if not self.bot_user_id:
-                    self.bot_user_id = str((await client.me())["id"])
-                async with client.events(self.config.ws_heartbeat) as stream:
-                    async for event in stream:
-                        self.state.saw_event()
-                        if event.get("event") == "hello":
-                            connected_at = time.monotonic()
-                            self.state.set_connected(True)
-                            await self._publish()
-                            # Snapshot now: live posts after hello must not move the start.
-                            seen = dict(self._last_seen)
-                            self._spawn(self._catch_up(client, lease, seen, floor_ms))
-                            continue
-                        post = posted_post(event)
-                        if post is not None:
-                            self._spawn(self._process(client, lease, post))
+                # A server that accepts the socket but never says hello counts as a drop.
+                async with asyncio.timeout(self.config.hello_timeout) as until_hello:
+                    if not self.bot_user_id:
+                        self.bot_user_id = str((await client.me())["id"])
+                    async with client.events(self.config.ws_heartbeat) as stream:
+                        async for event in stream:
+                            await self._on_event(client, lease, event, floor_ms)
+                            if connected_at is None and self.state.connected:
+                                connected_at = time.monotonic()
+                                until_hello.reschedule(None)
             except _NETWORK_ERRORS as exc:
                 if _cancelling():
                     raise asyncio.CancelledError from exc
@@ -232,6 +227,19 @@ class Listener:
             self.state.set_connected(False)
             await self._publish()
             await asyncio.sleep(backoff.next())
+
+    async def _on_event(self, client: MattermostClient, lease: leases.Lease,
+                        event: dict[str, Any], floor_ms: int) -> None:
+        self.state.saw_event()
+        if event.get("event") == "hello":
+            self.state.set_connected(True)
+            await self._publish()
+            # Snapshot now: live posts after hello must not move the catch-up's start.
+            self._spawn(self._catch_up(client, lease, dict(self._last_seen), floor_ms))
+            return
+        post = posted_post(event)
+        if post is not None:
+            self._spawn(self._process(client, lease, post))
 
     async def _catch_up(self, client: MattermostClient, lease: leases.Lease,
                         seen: dict[str, int], floor_ms: int) -> None:

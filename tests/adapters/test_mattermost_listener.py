@@ -246,3 +246,36 @@ async def test_replies_go_through_the_conversation_service(
         " JOIN conversations c ON c.id = m.conversation_id"
         " WHERE m.platform_message_id = $1", first["id"])
     assert [tuple(r) for r in rows] == [("mattermost", "general", "user", "alice")]
+
+
+async def test_rejected_token_backs_off_without_touching_the_socket(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    fake = fake_mattermost
+    fake.valid_tokens.clear()  # the bot token was revoked
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with running(runtime) as listener:
+        await wait_until(lambda: len(fake.calls_to("unauthorized")) >= 4, timeout=10,
+                         message="four refused attempts")
+        # 3 backoff delays (0.05, 0.1, 0.2 s, each at least halved) separate four attempts.
+        assert loop.time() - started >= 0.17
+        assert fake.ws_attempts == 0 and not listener.state.connected
+        flag = await health.read(runtime.cache)
+        assert flag is not None and flag["connected"] is False
+
+
+class SilentMattermost(FakeMattermost):
+    """Accepts the socket and the challenge but never sends ``hello``."""
+
+    async def _authenticate(self, sock: object) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_socket_without_hello_counts_as_a_drop(
+        runtime: Runtime, servers: ServerSet) -> None:
+    async with SilentMattermost(token=MATTERMOST_TOKEN) as fake:
+        settings = mattermost_settings(make_settings(servers), fake.url, hello_timeout=0.3)
+        silent = Runtime(settings, runtime.durable, runtime.cache, runtime.pg)
+        async with running(silent) as listener:
+            await fake.wait_for_connections(3, timeout=10)
+            assert not listener.state.connected and listener.state.reconnects == 0
