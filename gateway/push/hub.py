@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +40,14 @@ class Disconnected(Exception):
         self.reason = reason
 
 
-_BEAT = "beat"  # queue marker: a heartbeat is due
-_CLOSE = "close"  # queue marker: the hub closed this subscriber
-
-
 class Subscriber:
     """One client's bounded buffer of rows offered by the hub.
 
-    The hub also watches it (``housekeep``): a heartbeat marker when the stream was quiet
-    for ``heartbeat_seconds``, a close when the client went away, and an abort when a write
-    has been stuck for ``write_timeout_seconds`` (a client that stopped reading).
+    The hub also watches it (``housekeep``): a heartbeat when the stream was quiet for
+    ``heartbeat_seconds``, a close when the client went away, and an abort when a write has
+    been stuck for ``write_timeout_seconds`` (a client that stopped reading). A deque and
+    one future rather than an ``asyncio.Queue``: the fan-out calls ``offer`` once per row
+    per client, so its cost is the hub's cost.
     """
 
     def __init__(self, topics: tuple[str, ...], max_rows: int) -> None:
@@ -63,49 +62,59 @@ class Subscriber:
         self.transport: asyncio.Transport | None = None
         self.last_write = time.monotonic()
         self.writing_since: float | None = None
-        self._queue: asyncio.Queue[FeedRow | str] = asyncio.Queue(max_rows + 2)
+        self._rows: deque[FeedRow] = deque()
+        self._beat_due = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def offer(self, row: FeedRow) -> None:
         if self.closed is not None:
             return
-        if self._queue.qsize() >= self.max_rows:
+        if len(self._rows) >= self.max_rows:
             if self.catching_up:
                 self.missed = True
             else:
                 self.close(f"too_slow: more than {self.max_rows} rows waiting for this client")
             return
-        self._queue.put_nowait(row)
+        self._rows.append(row)
+        self._wake()
 
     def beat(self) -> None:
-        if self.closed is None and self._queue.empty():
-            self._queue.put_nowait(_BEAT)
+        if self.closed is None and not self._rows:
+            self._beat_due = True
+            self._wake()
 
     def close(self, reason: str) -> None:
         """Drop what is buffered (memory goes back at once) and wake the reader."""
         if self.closed is not None:
             return
         self.closed, self.closed_at = reason, time.monotonic()
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(_CLOSE)
+        self._rows.clear()
+        self._wake()
 
-    async def next(self) -> FeedRow | None:
-        """The next row, or None when a heartbeat is due; raises Disconnected once closed."""
-        item = self._queue.get_nowait() if not self._queue.empty() else await self._queue.get()
-        if item == _CLOSE or self.closed is not None:
-            raise Disconnected(self.closed or "closed")
-        return item if isinstance(item, FeedRow) else None
-
-    def drain(self) -> list[FeedRow]:
-        """Every row buffered right now, without waiting."""
-        rows = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item == _CLOSE:
-                raise Disconnected(self.closed or "closed")
-            if isinstance(item, FeedRow):
-                rows.append(item)
-        return rows
+    async def take(self) -> list[FeedRow]:
+        """Every buffered row (waiting for one), or [] when a heartbeat is due; raises
+        Disconnected once closed."""
+        while True:
+            if self.closed is not None:
+                raise Disconnected(self.closed)
+            if self._rows:
+                rows = list(self._rows)
+                self._rows.clear()
+                self._beat_due = False
+                return rows
+            if self._beat_due:
+                self._beat_due = False
+                return []
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     def housekeep(self, now: float, heartbeat: float, write_timeout: float) -> None:
         transport = self.transport

@@ -81,6 +81,9 @@ class _Stream:
         })
 
     def cursor(self) -> str:
+        if len(self.positions) == 1:  # the common case, once per event: keep it cheap
+            ((topic, pos),) = self.positions.items()
+            return f"{topic}:{pos.offset}"
         return cursors.format_cursor({t: p.offset for t, p in self.positions.items()})
 
     async def write(self, text: str) -> None:
@@ -149,11 +152,11 @@ class _Stream:
         await self.write(": connected\n\n")
         await self.replay(self.sub.topics)
         while True:
-            row = await self.sub.next()
-            if row is None:
-                await self.write(": heartbeat\n\n")
+            rows = await self.sub.take()
+            if rows:
+                await self.deliver(rows)
             else:
-                await self.deliver([row, *self.sub.drain()])
+                await self.write(": heartbeat\n\n")
 
     async def say_goodbye(self, reason: str) -> None:
         code, _, detail = reason.partition(": ")
