@@ -279,3 +279,13 @@ async def test_socket_without_hello_counts_as_a_drop(
         async with running(silent) as listener:
             await fake.wait_for_connections(3, timeout=10)
             assert not listener.state.connected and listener.state.reconnects == 0
+
+
+def test_listen_without_mattermost_url_is_a_configuration_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway import cli
+
+    for variable in ("MATTERMOST_URL", "MATTERMOST_TOKEN", "GATEWAY_CONFIG"):
+        monkeypatch.delenv(variable, raising=False)
+    assert cli.main(["listen", "mattermost"]) == 2
+    assert "MATTERMOST_URL" in capsys.readouterr().err
