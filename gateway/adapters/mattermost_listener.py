@@ -164,13 +164,20 @@ class Listener:
             await _cancel(session, *waiters)
             await self._drain()
             await _cancel(renewer, beat)
-        if session.done() and not session.cancelled() and session.exception():
-            log.error("mattermost session failed", exc_info=session.exception())
+        failure = session.exception() if session.done() and not session.cancelled() else None
         if lost.is_set():
             log.warning("mattermost listener %s lost its lease; standing by", self.instance)
             return
+        await self._step_down(lease)
+        if failure is not None:
+            raise failure  # after stepping down: another replica may take over meanwhile
+
+    async def _step_down(self, lease: leases.Lease) -> None:
+        """Clean stop: drop our flag first (no successor can have written it yet), then the
+        lease, so a standby takes over at once instead of after the TTL."""
         with contextlib.suppress(RedisError):
             await health.clear(self.runtime.cache, self.instance)
+        with contextlib.suppress(RedisError):
             await leases.release(self.runtime.durable, lease)
 
     async def _renew(self, lease: leases.Lease, lost: asyncio.Event) -> None:
@@ -193,6 +200,8 @@ class Listener:
             await asyncio.sleep(self.config.health_interval)
 
     async def _publish(self) -> None:
+        if self.lease is None or not self.lease.locally_valid():
+            return  # a holder that lost its lease must not overwrite its successor's flag
         try:
             await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
         except RedisError as exc:  # losing redis-cache changes no outcome (DESIGN §1)

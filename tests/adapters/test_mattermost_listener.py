@@ -18,7 +18,7 @@ from gateway.adapters.mattermost_listener import LEASE_NAME
 from gateway.config import ConfigError, Settings
 from gateway.dedup import claims
 from gateway.runtime import Runtime
-from tests.adapters.mattermost_helpers import mattermost_settings, running
+from tests.adapters.mattermost_helpers import LEASE_SECONDS, mattermost_settings, running
 from tests.conftest import ServerSet, make_settings
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
@@ -289,3 +289,35 @@ def test_listen_without_mattermost_url_is_a_configuration_error(
         monkeypatch.delenv(variable, raising=False)
     assert cli.main(["listen", "mattermost"]) == 2
     assert "MATTERMOST_URL" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.single_instance
+async def test_durable_outage_fences_the_holder_then_it_recovers(
+        runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
+        redis_factory: Callable[..., Any]) -> None:
+    from gateway import redis_clients
+
+    fake = fake_mattermost
+    durable_server = redis_factory("durable")
+    durable = redis_clients.connect(durable_server.url, variable="test")
+    settings = mattermost_settings(make_settings(servers, durable_url=durable_server.url),
+                                   fake.url)
+    try:
+        async with running(Runtime(settings, durable, runtime.cache, runtime.pg)) as listener:
+            await fake.wait_for_sockets(1)
+            first = listener.lease
+            assert first is not None
+            durable_server.kill()  # the lease can no longer be renewed nor checked
+            # The local deadline runs out: the holder stops before anyone else could take over.
+            await wait_until(lambda: listener.lease is None, timeout=LEASE_SECONDS + 3,
+                             message="holder fenced by its local deadline")
+            assert fake.open_sockets == 0
+            post = await fake.create_post("general", "during the outage")
+            durable_server.start()
+            await fake.wait_for_replies(1, timeout=10)
+            assert listener.lease is not None and listener.lease.token > first.token
+        assert fake.reply_messages() == ["echo: during the outage"]
+        assert await claims.state(durable, keys.dedup_mattermost_post(post["id"])) == claims.DONE
+    finally:
+        await durable.aclose()
