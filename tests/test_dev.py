@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,7 +92,17 @@ def _installation_id(root: Path) -> str:
     return result.stdout.strip()
 
 
-def test_dev_starts_stops_clean_and_reuses_data(tmp_path: Path) -> None:
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Not under pytest's basetemp: pytest resets its root to mode 0700 whenever a session
+    # starts, which would lock the unprivileged PostgreSQL user out mid-test.
+    path = Path(tempfile.mkdtemp(prefix="gwdev-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_dev_starts_stops_clean_and_reuses_data(workdir: Path) -> None:
+    tmp_path = workdir
     root = tmp_path / ".gateway"
     proc, _url = _run_dev(tmp_path, free_port())
     try:
