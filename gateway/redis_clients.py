@@ -1,5 +1,6 @@
-"""Clients for the two Redis instances, from ``redis://``, ``rediss://``, ``unix://`` and
-``redis+cluster://`` / ``rediss+cluster://`` URLs (user, password and TLS taken from the URL).
+"""Clients for the two Redis instances, from ``redis://``, ``rediss://``, ``unix://``,
+``redis+cluster://`` / ``rediss+cluster://`` and ``redis+sentinel://`` / ``rediss+sentinel://``
+URLs (user, password and TLS taken from the URL; sentinel details in redis_sentinel.py).
 
 One client per instance per process, shared by everything: redis-py's pool multiplexes the
 concurrent callers. RESP2 is used on purpose: redis-py 8 spends measurably more CPU per
@@ -12,9 +13,9 @@ from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.retry import Retry
 
 from gateway.config import ConfigError
 
@@ -31,6 +32,8 @@ _COMMON: dict[str, Any] = {
 def _retry() -> Retry:
     # Only connection errors are retried: a timed-out script may already have run, and every
     # script is fenced or idempotent, but blind retries of a timeout would hide overload.
+    # The asyncio Retry, not redis.retry.Retry: the synchronous one returns the coroutine
+    # unawaited from inside its loop, so an async client given it never retries at all.
     return Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3,
                  supported_errors=(RedisConnectionError,))
 
@@ -45,7 +48,9 @@ def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
     if scheme.endswith("+sentinel"):
         from gateway.redis_sentinel import connect_sentinel
 
-        return connect_sentinel(url, variable=variable, **_COMMON)
+        return connect_sentinel(url, variable=variable, retry=_retry(),
+                                retry_on_error=[RedisConnectionError],
+                                max_connections=max_connections, **_COMMON)
     if is_cluster_url(url):
         plain = url.replace("+cluster", "", 1)
         return RedisCluster.from_url(plain, retry=_retry(), **_COMMON)

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import redis
@@ -46,12 +47,26 @@ def _redis_cli() -> str:
     return found
 
 
-def command(port: int, password: str, *args: str, timeout: float = 2.0) -> str:
-    """One command to one node, answer as text: used while a cluster forms or a failover
-    runs, where the cluster/sentinel clients under test must not be the probe."""
+def command(port: int, password: str, *args: str, timeout: float = 2.0) -> Any:
+    """One command to one node, reply as redis-py parses it (INFO gives a dict): used while a
+    cluster forms or a failover runs, where the clients under test must not be the probe."""
     with redis.Redis(port=port, password=password or None, socket_timeout=timeout,
                      socket_connect_timeout=timeout, decode_responses=True) as conn:
-        return str(conn.execute_command(*args))
+        return conn.execute_command(*args)
+
+
+@dataclass
+class PrivateConfigServer(embedded.RedisServer):
+    """A RedisServer started from a private copy of its role's configuration: Sentinel
+    reconfigures the servers it watches with CONFIG REWRITE, which writes into the file the
+    server was started from, and the checked-in deploy/redis files must never change."""
+
+    def command(self) -> list[str]:
+        args = super().command()
+        private = self.data_dir / f"{self.role}.conf"
+        shutil.copyfile(args[1], private)
+        args[1] = str(private)
+        return args
 
 
 @dataclass
@@ -76,7 +91,7 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> LocalCluster:
         try:
             for index in range(self.masters):
-                node = embedded.RedisServer(
+                node = PrivateConfigServer(
                     self.role, self.root / f"{self.role}-{index}", self.password,
                     overrides={
                         "cluster-enabled": "yes",
@@ -110,7 +125,7 @@ class LocalCluster:
         """Every node says cluster_state:ok and knows every other node."""
         for port in self.ports:
             try:
-                info = command(port, self.password, "CLUSTER", "INFO")
+                info = str(command(port, self.password, "CLUSTER", "INFO"))
             except OSError:
                 return False
             if ("cluster_state:ok" not in info
@@ -134,6 +149,8 @@ class SentinelSet:
     password: str
     service: str = "gateway-durable"
     role: embedded.Role = "durable"
+    # False: the sentinel has no password, and the URL says so with ``sentinel_password=``.
+    sentinel_auth: bool = True
     master: embedded.RedisServer | None = None
     replica: embedded.RedisServer | None = None
     sentinel_port: int = 0
@@ -141,8 +158,13 @@ class SentinelSet:
 
     @property
     def url(self) -> str:
+        query = "" if self.sentinel_auth else "?sentinel_password="
         return (f"redis+sentinel://:{quote(self.password, safe='')}@"
-                f"127.0.0.1:{self.sentinel_port}/{self.service}")
+                f"127.0.0.1:{self.sentinel_port}/{self.service}{query}")
+
+    @property
+    def _sentinel_password(self) -> str:
+        return self.password if self.sentinel_auth else ""
 
     @property
     def servers(self) -> Sequence[embedded.RedisServer]:
@@ -150,10 +172,10 @@ class SentinelSet:
 
     def start(self, timeout: float = 30.0) -> SentinelSet:
         try:
-            self.master = embedded.RedisServer(
+            self.master = PrivateConfigServer(
                 self.role, self.root / "master", self.password,
                 overrides={"masterauth": self.password}).start()
-            self.replica = embedded.RedisServer(
+            self.replica = PrivateConfigServer(
                 self.role, self.root / "replica", self.password,
                 overrides={"masterauth": self.password,
                            "replicaof": f"127.0.0.1 {self.master.port}"}).start()
@@ -166,8 +188,8 @@ class SentinelSet:
 
     def _replica_synced(self) -> bool:
         assert self.replica is not None
-        return "master_link_status:up" in command(self.replica.port, self.password,
-                                                  "INFO", "replication")
+        info = command(self.replica.port, self.password, "INFO", "replication")
+        return bool(info.get("master_link_status") == "up")
 
     def _start_sentinel(self, timeout: float) -> None:
         assert self.master is not None
@@ -180,11 +202,11 @@ class SentinelSet:
             "bind 127.0.0.1",
             f"port {self.sentinel_port}",
             f"dir {directory}",
-            f"requirepass {self.password}",
+            f"requirepass {self._sentinel_password}" if self.sentinel_auth else "",
             f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 1",
             f"sentinel auth-pass {self.service} {self.password}",
             f"sentinel down-after-milliseconds {self.service} 2000",
-            f"sentinel failover-timeout {self.service} 10000",
+            f"sentinel failover-timeout {self.service} 2000",
             "",
         ]))
         log = directory / "sentinel.log"
@@ -196,16 +218,22 @@ class SentinelSet:
         embedded.wait_until(self._sentinel_sees_replica, timeout, "sentinel", self.proc, log)
 
     def _sentinel_sees_replica(self) -> bool:
-        try:
-            answer = command(self.sentinel_port, self.password,
-                             "SENTINEL", "REPLICAS", self.service)
-        except OSError:
-            return False
+        """The sentinel knows the replica and talks to it: a failover can then promote it."""
         assert self.replica is not None
-        return str(self.replica.port) in answer
+        try:
+            replicas = self.sentinel("REPLICAS", self.service)
+        except (OSError, redis.RedisError):
+            return False
+        return any(int(r.get("port", 0)) == self.replica.port
+                   and not {"disconnected", "s_down"} & set(r.get("flags", "").split(","))
+                   for r in replicas)
 
-    def sentinel(self, *args: str) -> str:
-        return command(self.sentinel_port, self.password, "SENTINEL", *args)
+    def master_port(self) -> int:
+        """The master's port as the sentinel reports it now."""
+        return int(self.sentinel("GET-MASTER-ADDR-BY-NAME", self.service)[1])
+
+    def sentinel(self, *args: str) -> Any:
+        return command(self.sentinel_port, self._sentinel_password, "SENTINEL", *args)
 
     def stop(self) -> None:
         embedded._terminate(self.proc, 15, 10.0)
