@@ -6,6 +6,7 @@ the two request checks that come before any store is touched (content type, boun
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -42,6 +43,12 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
                       BruteBarrier(auto, BruteSettings.from_section(
                           runtime.settings.section("security"))))
     app[INBOUND] = inbound
+
+    async def drain(app: web.Application) -> AsyncIterator[None]:
+        yield
+        await auto.drain()  # unawaited writes (claims turning done) go out before the close
+
+    app.cleanup_ctx.append(drain)
     return inbound
 
 

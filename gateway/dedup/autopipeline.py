@@ -52,6 +52,7 @@ class AutoPipeline:
         self._pending: list[Pending] = []
         self._queued_commands = 0
         self._flusher: asyncio.Task[None] | None = None
+        self._unawaited: set[asyncio.Task[list[Any]]] = set()  # cluster: one task per write
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
     async def batch(self, commands: Sequence[Command]) -> list[Any]:
@@ -74,9 +75,18 @@ class AutoPipeline:
         writes whose loss is harmless, e.g. turning a claim into ``done``."""
         if isinstance(self.redis, RedisCluster):
             task = asyncio.create_task(self._cluster_batch(commands))
+            self._unawaited.add(task)
+            task.add_done_callback(self._unawaited.discard)
             task.add_done_callback(_log_failure)
             return
         self._enqueue(commands, None)
+
+    async def drain(self) -> None:
+        """Wait until everything submitted so far is sent (call before closing the client)."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        if self._unawaited:
+            await asyncio.gather(*self._unawaited, return_exceptions=True)
 
     def _enqueue(self, commands: Sequence[Command],
                  future: asyncio.Future[list[Any]] | None) -> None:
@@ -92,10 +102,12 @@ class AutoPipeline:
                 try:
                     replies = await self._send([c for commands, _ in taken for c in commands])
                 except Exception as exc:
+                    lost = sum(1 for _, future in taken if future is None)
+                    if lost:
+                        log.warning("%d unawaited redis writes lost: %s", lost,
+                                    type(exc).__name__)
                     for _, future in taken:
-                        if future is None:
-                            log.warning("unawaited redis write lost: %s", type(exc).__name__)
-                        elif not future.done():
+                        if future is not None and not future.done():
                             future.set_exception(exc)
                     continue
                 start = 0

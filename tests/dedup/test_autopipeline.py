@@ -12,7 +12,6 @@ from gateway import keys, redis_clients
 from gateway.dedup.autopipeline import AutoPipeline
 from gateway.embedded import free_port
 from gateway.runtime import Runtime
-from tests.helpers import wait_until
 
 COUNTER = keys.brute("{autopipeline-test}", "counter")
 
@@ -48,8 +47,7 @@ async def test_one_callers_error_does_not_touch_the_others(runtime: Runtime) -> 
 async def test_unawaited_writes_go_out_with_the_next_flush(runtime: Runtime) -> None:
     auto = AutoPipeline(runtime.durable)
     auto.send_nowait([("SET", f"{COUNTER}:later", "done")])
-    await wait_until(lambda: auto.execute("EXISTS", f"{COUNTER}:later"), timeout=5,
-                     message="the unawaited SET")
+    await auto.drain()
     assert await runtime.durable.get(f"{COUNTER}:later") == "done"
 
 
