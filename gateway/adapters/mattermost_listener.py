@@ -110,6 +110,9 @@ class Listener:
         self._user_names: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config.max_concurrent)
+        # One write at a time, each serialising the state when it runs: a slow earlier write
+        # (a heartbeat) can then never land after, and undo, a newer one (the hello).
+        self._publishing = asyncio.Lock()
 
     # --- lease ---------------------------------------------------------------------------
 
@@ -203,7 +206,8 @@ class Listener:
         if self.lease is None or not self.lease.locally_valid():
             return  # a holder that lost its lease must not overwrite its successor's flag
         try:
-            await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
+            async with self._publishing:
+                await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
         except RedisError as exc:  # losing redis-cache changes no outcome (DESIGN §1)
             log.warning("mattermost listener: health flag not written: %s", exc)
 
