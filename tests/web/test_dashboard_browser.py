@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.pipeline.runner import run_workers
+from gateway.push import feed
 from gateway.runtime import Runtime
 
 CHROMIUM = (os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium")
@@ -63,6 +65,7 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
                 await page.wait_for_function(
                     "!document.getElementById('push').textContent.includes('feed offset 0')",
                     timeout=10000)
+                await _js_client_gets_every_row_once(page, runtime)
                 assert errors == []
             finally:
                 await context.close()
@@ -70,3 +73,23 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(workers, 30)
+
+
+async def _js_client_gets_every_row_once(page: Any, runtime: Runtime) -> None:
+    """The page's JS client on its own topic: every row once and in order, though a third
+    of the signals are never sent."""
+    await page.evaluate("""() => {
+        window.jsRows = [];
+        new GatewayPush(["conversation:js"], {
+            since: {"conversation:js": 0}, pollMs: 300,
+            onRow: (row) => window.jsRows.push(row.offset),
+        }).start();
+    }""")
+    rng = random.Random(5)
+    for i in range(30):
+        async with runtime.pg.acquire() as conn, conn.transaction():
+            row = await feed.append(conn, "conversation:js", "message", {"i": i})
+        if rng.random() < 2 / 3:
+            await feed.publish(runtime.cache, row)
+    await page.wait_for_function("window.jsRows.length >= 30", timeout=15000)
+    assert await page.evaluate("window.jsRows") == list(range(1, 31))
