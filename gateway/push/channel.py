@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import keys
+from gateway.push import metrics
 from gateway.redis_clients import AnyRedis
 
 log = logging.getLogger("gateway.push")
@@ -52,13 +53,16 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
     """PUBLISH on ``push:<topic>``. Pub/sub is at-most-once anyway, so a failure is logged
     and swallowed: polling the feed cures a lost signal. Returns whether it was sent."""
     if _down_until.get(cache, 0.0) > time.monotonic():
+        metrics.SIGNALS.labels("skipped").inc()
         return False
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
             await cache.publish(keys.push_channel(topic),
                                 signal_body(topic, offset, kind, epoch))
+        metrics.SIGNALS.labels("sent").inc()
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
+        metrics.SIGNALS.labels("failed").inc()
         _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
         log.warning("push signal for %s:%s not sent (%s); skipping signals for %g s",
                     topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)

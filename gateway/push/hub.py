@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.push import feed
+from gateway.push import feed, metrics
 from gateway.push.channel import SignalListener
 from gateway.push.feed import FeedRow
 from gateway.push.settings import PushSettings
@@ -210,11 +210,13 @@ class Hub:
         if state is None:
             return
         if state.head is None or body["epoch"] != state.epoch or body["offset"] > state.head:
+            metrics.FEED_READS.labels("signal").inc()
             self._wake(state)
 
     def _on_state(self, up: bool) -> None:
         changed = up != self.signals_up
         self.signals_up = up
+        metrics.SIGNALS_UP.set(1 if up else 0)
         if up:  # signals sent while we were away are gone: re-read every topic
             for state in list(self.topics.values()):
                 self._wake(state)
@@ -260,6 +262,7 @@ class Hub:
         for state in known:
             head = heads[state.name]
             if head.epoch != state.epoch or head.last_offset != state.head:
+                metrics.FEED_READS.labels("poll").inc()
                 self._wake(state)
 
     # --- lifecycle -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway.push import cursor as cursors
-from gateway.push import feed
+from gateway.push import feed, metrics
 from gateway.push.feed import FeedError, FeedRow
 from gateway.push.hub import Disconnected, Hub, Subscriber
 from gateway.push.settings import PushSettings
@@ -124,6 +124,7 @@ class _Stream:
                 pos.offset = row.offset
                 chunks.append(self._event(row))
             await self.write("".join(chunks))
+            metrics.ROWS_SENT.inc(len(chunks))
             if len(page.rows) < self.config.page_rows:
                 return
 
@@ -136,6 +137,7 @@ class _Stream:
             if row.epoch == pos.epoch and row.offset == pos.offset + 1:
                 pos.offset = row.offset
                 chunks.append(self._event(row))
+                metrics.ROWS_SENT.inc()
                 continue
             if row.epoch < pos.epoch:
                 continue  # a straggler from before a reset
@@ -182,13 +184,18 @@ async def stream(request: web.Request, hub: Hub, pool: asyncpg.Pool,
                 offset = 0  # a cursor past the head predates a reset: replay this epoch
             positions[topic] = _Position(head.epoch, offset)
         session = _Stream(request, pool, sub, config, positions)
+        metrics.STREAMS.inc()
         try:
             await session.run()
         except Disconnected as exc:
             log.info("push: stream closed: %s", exc.reason)
+            metrics.STREAM_CLOSED.labels(exc.reason.partition(":")[0]).inc()
             await session.say_goodbye(exc.reason)
         except (ConnectionError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.info("push: stream ended: %s", type(exc).__name__)
+            metrics.STREAM_CLOSED.labels("error").inc()
+        finally:
+            metrics.STREAMS.dec()
         return session.response
     finally:
         hub.unsubscribe(sub)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import aiohttp
+from prometheus_client import REGISTRY
 
 from gateway.push import feed
 from gateway.push.client import SseEvent, iter_sse
@@ -126,6 +127,8 @@ async def test_resume_by_last_event_id_loses_and_repeats_nothing(runtime: Runtim
 
 async def test_too_slow_client_is_disconnected_with_a_reason(runtime: Runtime,
                                                              push_server: Any) -> None:
+    closed_before = REGISTRY.get_sample_value(
+        "gateway_push_streams_closed_total", {"reason": "too_slow"}) or 0
     client = await push_server(client_buffer_rows=3)
     resp = await client.get("/v1/stream", params={"topics": "pipeline"})
     # Ten rows committed together reach the hub in one read: more than the 3-row buffer.
@@ -140,6 +143,10 @@ async def test_too_slow_client_is_disconnected_with_a_reason(runtime: Runtime,
     assert got[-1].event == "gateway.disconnect"
     assert json.loads(got[-1].data)["error"] == "too_slow"
     await wait_until(lambda: hub_of(client).subscriber_count == 0, message="unsubscribed")
+    assert REGISTRY.get_sample_value(
+        "gateway_push_streams_closed_total", {"reason": "too_slow"}) == closed_before + 1
+    metrics_text = await (await client.get("/metrics")).text()
+    assert "gateway_push_signals_total" in metrics_text
 
 
 async def test_reset_raises_the_epoch_and_streams_restart(runtime: Runtime,
