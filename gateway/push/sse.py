@@ -123,8 +123,7 @@ class _Stream:
             for row in page.rows:
                 pos.offset = row.offset
                 chunks.append(self._event(row))
-            await self.write("".join(chunks))
-            metrics.ROWS_SENT.inc(len(chunks))
+            await self._flush(chunks)
             if len(page.rows) < self.config.page_rows:
                 return
 
@@ -137,17 +136,19 @@ class _Stream:
             if row.epoch == pos.epoch and row.offset == pos.offset + 1:
                 pos.offset = row.offset
                 chunks.append(self._event(row))
-                metrics.ROWS_SENT.inc()
                 continue
             if row.epoch < pos.epoch:
                 continue  # a straggler from before a reset
             # A gap or a new epoch: flush, then fill from the feed.
-            if chunks:
-                await self.write("".join(chunks))
-                chunks = []
+            await self._flush(chunks)
+            chunks = []
             await self.replay((row.topic,))
+        await self._flush(chunks)
+
+    async def _flush(self, chunks: list[str]) -> None:
         if chunks:
             await self.write("".join(chunks))
+            metrics.ROWS_SENT.inc(len(chunks))  # once per write, not per row
 
     async def run(self) -> None:
         await self.response.prepare(self.request)
