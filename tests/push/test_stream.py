@@ -214,3 +214,16 @@ async def test_streams_open_at_once_and_poll_while_redis_cache_is_down(
         resp.close()
     finally:
         await own.close()
+
+
+async def test_server_shutdown_ends_streams_with_a_reason(push_server: Any) -> None:
+    client = await push_server()
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    closing = asyncio.create_task(client.server.close())
+    got: list[SseEvent] = []
+    async for event in iter_sse(resp.content):
+        if event is not None:
+            got.append(event)
+    await asyncio.wait_for(closing, 10)
+    assert got[-1].event == "gateway.disconnect"
+    assert json.loads(got[-1].data)["error"] == "shutting_down"
