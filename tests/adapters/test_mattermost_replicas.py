@@ -112,3 +112,20 @@ async def test_two_listeners_one_active_then_takeover_after_kill9(
     await wait_until(flag_gone, timeout=5, message="flag expiry after kill -9")
     assert loop.time() - killed_at <= FAST["health_ttl"] + 1.0
     assert len(fake.replies()) == 2 and missed["id"]
+
+
+@pytest.mark.slow
+async def test_sigterm_steps_down_at_once(
+        runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
+        spawn: list[Process], tmp_path: Path) -> None:
+    fake = fake_mattermost
+    spawn.append(await start_listener(listener_env(servers, fake, tmp_path),
+                                      tmp_path / "listener.log"))
+    await fake.wait_for_sockets(1, timeout=30)
+    await wait_until(lambda: health.read(runtime.cache), timeout=5, message="flag")
+    spawn[0].terminate()
+    assert await asyncio.wait_for(spawn[0].wait(), 10) == 0
+    # Released, not left to expire: a standby could take over right away.
+    assert await leases.current(runtime.durable, LEASE_NAME) is None
+    assert await health.read(runtime.cache) is None
+    assert fake.open_sockets == 0
