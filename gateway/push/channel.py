@@ -129,8 +129,8 @@ class SignalListener:
                 await self._session(stop)
                 backoff = 0.05
             except Exception as exc:
-                log.warning("push signals unavailable (%s); polling the feed",
-                            type(exc).__name__)
+                log.warning("push signals unavailable (%s: %s); polling the feed",
+                            type(exc).__name__, exc)
             finally:
                 self._set_state(False)
                 pubsub, self._pubsub = self._pubsub, None
@@ -141,6 +141,9 @@ class SignalListener:
             backoff = min(backoff * 2, backoff_cap)
 
     async def _session(self, stop: asyncio.Event) -> None:
+        # A cluster client learns its slot map lazily; its pub/sub needs it to pick a node.
+        # (Classic PUBLISH reaches every node of a cluster, so any node will do.)
+        await self._cache.initialize()
         pubsub = self._pubsub
         for event in self._confirmed.values():
             event.clear()

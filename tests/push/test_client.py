@@ -64,7 +64,7 @@ async def test_client_fills_gaps_itself_when_the_server_misses_signals(
         runtime: Runtime, push_server: Any, push_clients: Callable[..., Any]) -> None:
     """No signal at all and a server that polls only every minute: the client's own
     silence poll of /v1/feed still gets every row."""
-    server = await push_server(poll_seconds=60)
+    server = await push_server(poll_seconds=60, degraded_poll_seconds=60)
     client = await push_clients(base_url(server), ["pipeline"], poll_seconds=0.3)
     await client.wait_connected()
     await _write(runtime, "pipeline", 10, signal_ratio=0.0)

@@ -227,3 +227,15 @@ async def test_server_shutdown_ends_streams_with_a_reason(push_server: Any) -> N
     await asyncio.wait_for(closing, 10)
     assert got[-1].event == "gateway.disconnect"
     assert json.loads(got[-1].data)["error"] == "shutting_down"
+
+
+async def test_rows_arrive_by_signal_alone(runtime: Runtime, push_server: Any) -> None:
+    """With every poll a minute away, a row that arrives at once came through PUBLISH and
+    the hub's one Redis subscription (on a single instance and on a cluster)."""
+    client = await push_server(poll_seconds=60, degraded_poll_seconds=60)
+    await wait_until(lambda: hub_of(client).signals_up, message="signals up")
+    resp = await client.get("/v1/stream", params={"topics": "conversation:sig"})
+    await _append(runtime, "conversation:sig", 3, kind="message")
+    events = await _events(resp, 3)
+    assert [json.loads(e.data)["offset"] for e in events] == [1, 2, 3]
+    resp.close()
