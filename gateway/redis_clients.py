@@ -18,6 +18,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.config import ConfigError
+from gateway.redis_cluster import GatewayCluster
 
 AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 
@@ -53,7 +54,7 @@ def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
                                 max_connections=max_connections, **_COMMON)
     if is_cluster_url(url):
         plain = url.replace("+cluster", "", 1)
-        return RedisCluster.from_url(plain, retry=_retry(), **_COMMON)
+        return GatewayCluster.from_url(plain, retry=_retry(), **_COMMON)
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(variable, f"unsupported Redis URL scheme {scheme!r}")
     return aioredis.from_url(
