@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -56,8 +57,20 @@ if os.environ.get("BENCH_UVLOOP"):
 async def ok(request):
     return web.Response(status=200)
 
+async def naive(request):
+    # One redis-py call per request, no batching: the ~0.26 ceiling of issue 4 section 6.
+    key = "dedup:webhook:naive:" + request.headers.get("webhook-id", "-")
+    await request.app["redis"].set(key, "1", nx=True, ex=600)
+    return web.Response(status=202)
+
 app = web.Application()
-app.router.add_post("/{tail:.*}", ok)
+if os.environ.get("BENCH_NAIVE_URL"):
+    import redis.asyncio as aioredis
+    app["redis"] = aioredis.from_url(os.environ["BENCH_NAIVE_URL"], protocol=2,
+                                     decode_responses=True)
+    app.router.add_post("/{tail:.*}", naive)
+else:
+    app.router.add_post("/{tail:.*}", ok)
 app.router.add_get("/healthz", ok)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
@@ -99,11 +112,14 @@ class Result:
     p99_ms: float
     statuses: dict[int, int]
     cpu_us: float = 0.0  # server CPU time per answered request
+    load_cpu: float = 0.0  # share of its core the load generator used
+
 
     def line(self) -> str:
         codes = " ".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
         return (f"{self.name:<8} {self.rps:>9.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
-                f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req  {codes}")
+                f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req  "
+                f"wrk at {self.load_cpu:4.0%} of its core  {codes}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -176,10 +192,15 @@ def run_wrk(url: str, script: Path, ids: Path, timestamp: int, body: Path, durat
     cmd = ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}",
            f"-d{max(1, round(duration))}s",
            "--latency", "-s", str(script), url, "--", str(ids), str(timestamp), str(body)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=duration + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise SystemExit(f"bench: wrk failed: {out.stderr or out.stdout}")
-    return parse_wrk(name, out.stdout)
+    result = parse_wrk(name, out.stdout)
+    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    result.load_cpu = used / max(1, round(duration))
+    return result
 
 
 def main() -> int:
@@ -192,6 +213,8 @@ def main() -> int:
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
+    parser.add_argument("--naive", action="store_true",
+                        help="also run a handler doing one un-batched redis-py SET per request")
     parser.add_argument("--uvloop", action="store_true",
                         help="run both servers on uvloop (gateway serve uses asyncio's loop)")
     parser.add_argument("--profile", metavar="FILE",
@@ -243,11 +266,14 @@ def main() -> int:
         cpu_ratios: list[float] = []
         for round_no in range(1, args.rounds + 1):
             results = {}
-            for name, cmd in (("bare", bare_cmd), ("gateway", gateway_cmd)):
+            servers_run = [("bare", bare_cmd, env), ("gateway", gateway_cmd, env)]
+            if args.naive:
+                servers_run.append(("naive", bare_cmd, {**env, "BENCH_NAIVE_URL": durable.url}))
+            for name, cmd, cmd_env in servers_run:
                 warm, measure = root / f"warm-{round_no}-{name}", root / f"ids-{round_no}-{name}"
                 sign_file(warm, f"w{round_no}", 50_000, timestamp)
                 sign_file(measure, f"m{round_no}", args.ids, timestamp)
-                with process(cmd, env, root / f"{name}-{round_no}.log") as proc:
+                with process(cmd, cmd_env, root / f"{name}-{round_no}.log") as proc:
                     wait_http(f"http://127.0.0.1:{port}/healthz")
                     if proc.poll() is not None:
                         raise SystemExit(f"bench: {name} exited early")
@@ -265,6 +291,11 @@ def main() -> int:
             cpu_ratios.append(results["bare"].cpu_us / results["gateway"].cpu_us)
             print(f"round {round_no}  ratio gateway/bare = {ratio:.2f} (req/s), "
                   f"{cpu_ratios[-1]:.2f} (inverse CPU per request)")
+            if "naive" in results:
+                print(f"round {round_no}  ratio naive/bare = "
+                      f"{results['naive'].rps / results['bare'].rps:.2f} (req/s), "
+                      f"{results['bare'].cpu_us / results['naive'].cpu_us:.2f} "
+                      "(inverse CPU per request)")
         client = redis.Redis.from_url(durable.url, decode_responses=True)
         enqueued = client.hget("q:{pipeline}:stats:store", "enqueued")
         client.close()
