@@ -30,7 +30,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -52,7 +51,6 @@ from gateway.runtime import Runtime
 log = logging.getLogger("gateway.mattermost")
 
 LEASE_NAME = "mattermost-listener"
-_TAKEOVER = (Path(__file__).parent / "mattermost_claim_takeover.lua").read_text()
 
 Send = Callable[[str], Awaitable[None]]
 # Answers one post; calls ``send`` (zero or more times) to reply in the post's channel/thread.
@@ -110,7 +108,6 @@ class Listener:
         self.lease: leases.Lease | None = None  # set while this replica is the active one
         self._last_seen: dict[str, int] = {}
         self._user_names: dict[str, str] = {}
-        self._inflight: set[str] = set()  # post ids being handled by this process
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config.max_concurrent)
         # One write at a time, each serialising the state when it runs: a slow earlier write
@@ -299,43 +296,15 @@ class Listener:
     async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
         seen = self._last_seen.get(post.channel_id, 0)
         self._last_seen[post.channel_id] = max(seen, post.create_at)
-        # Deliveries of one post within this lease (live + catch-up) meet here first, so
-        # any in-progress claim found in Redis belongs to an earlier lease.
-        if not self._wanted(post) or post.id in self._inflight:
+        if not self._wanted(post):
             return
-        self._inflight.add(post.id)
-        try:
-            await self._answer(client, lease, post)
-        finally:
-            self._inflight.discard(post.id)
-
-    async def _claim(self, lease: leases.Lease, post: Post) -> claims.Claim | None:
-        """The post's dedup claim, or None when it is done or being answered elsewhere.
-
-        An in-progress claim from an earlier lease is taken over: its holder died mid-post or
-        is fenced off (it checks the lease before sending), so waiting for the claim's TTL
-        would leave the post unanswered for a day.
-        """
-        durable, ttl = self.runtime.durable, self.config.dedup_ttl
-        claim = await claims.claim(durable, keys.dedup_mattermost_post(post.id), ttl)
-        if claim.claimed:
-            return claim
-        old = await durable.get(claim.key)
-        if old is None or old == claims.DONE or not await leases.holds(durable, lease):
-            return None
-        if not await durable.eval(_TAKEOVER, 1, claim.key, old, claim.token, ttl):
-            return None
-        log.info("mattermost post %s: took over a claim of an earlier lease holder", post.id)
-        return claims.Claim(claim.key, claim.token, claims.Outcome.CLAIMED)
-
-    async def _answer(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
         durable, ttl = self.runtime.durable, self.config.dedup_ttl
         try:
-            claim = await self._claim(lease, post)
+            claim = await claims.claim(durable, keys.dedup_mattermost_post(post.id), ttl)
         except RedisError as exc:
             log.warning("mattermost post %s left for catch-up: %s", post.id, exc)
             return
-        if claim is None:
+        if not claim.claimed:
             return
         if not await leases.holds(durable, lease):
             await claims.release(durable, claim)

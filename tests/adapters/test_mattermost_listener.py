@@ -321,23 +321,3 @@ async def test_durable_outage_fences_the_holder_then_it_recovers(
         assert await claims.state(durable, keys.dedup_mattermost_post(post["id"])) == claims.DONE
     finally:
         await durable.aclose()
-
-
-async def test_claim_left_in_progress_by_a_dead_holder_is_taken_over(
-        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
-    fake = fake_mattermost
-    durable = runtime.durable
-    orphan = fake.make_post("general", "claimed by a holder that died mid-answer")
-    answered = fake.make_post("general", "answered before")
-    ttl = runtime.settings.dedup_ttl
-    # What the earlier holder left: one claim still in progress, one done.
-    await durable.set(keys.dedup_mattermost_post(orphan["id"]), "in-progress:dead", ex=ttl)
-    await durable.set(keys.dedup_mattermost_post(answered["id"]), claims.DONE, ex=ttl)
-    async with running(runtime):
-        await fake.wait_for_sockets(1)
-        await fake.wait_for_replies(1)
-        await fake.create_post("general", "live")
-        await fake.wait_for_replies(2)
-    assert messages(fake) == Counter(
-        ["echo: claimed by a holder that died mid-answer", "echo: live"])
-    assert await claims.state(durable, keys.dedup_mattermost_post(orphan["id"])) == claims.DONE
