@@ -23,9 +23,17 @@ log = logging.getLogger("gateway.push")
 IDLE_CHANNEL = keys.push_channel("gateway.idle")
 
 
-def signal_body(topic: str, offset: int, kind: str, epoch: int) -> str:
-    return json.dumps({"topic": topic, "offset": offset, "kind": kind, "epoch": epoch},
+# A row whose JSON is at most this long travels inside its signal as ``"row"``.
+INLINE_ROW_MAX_CHARS = 8192
+
+
+def signal_body(topic: str, offset: int, kind: str, epoch: int,
+                row_wire: str | None = None) -> str:
+    head = json.dumps({"topic": topic, "offset": offset, "kind": kind, "epoch": epoch},
                       separators=(",", ":"))
+    if row_wire is None or len(row_wire) > INLINE_ROW_MAX_CHARS:
+        return head
+    return f'{head[:-1]},"row":{row_wire}}}'  # the row is JSON already: no second encoding
 
 
 def parse_signal(data: Any) -> dict[str, Any] | None:
@@ -49,7 +57,7 @@ _down_until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
 async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
-                         epoch: int) -> bool:
+                         epoch: int, row_wire: str | None = None) -> bool:
     """PUBLISH on ``push:<topic>``. Pub/sub is at-most-once anyway, so a failure is logged
     and swallowed: polling the feed cures a lost signal. Returns whether it was sent."""
     if _down_until.get(cache, 0.0) > time.monotonic():
@@ -58,7 +66,7 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
             await cache.publish(keys.push_channel(topic),
-                                signal_body(topic, offset, kind, epoch))
+                                signal_body(topic, offset, kind, epoch, row_wire))
         metrics.SIGNALS.labels("sent").inc()
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write

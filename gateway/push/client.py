@@ -18,8 +18,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import aiohttp
 
@@ -46,12 +44,6 @@ class SseEvent:
     event: str = "message"
     data: str = ""
     id: str | None = None
-
-
-def row_from_json(body: Mapping[str, Any]) -> FeedRow:
-    return FeedRow(str(body["topic"]), int(body["offset"]), int(body["epoch"]),
-                   str(body["kind"]), dict(body["payload"]),
-                   datetime.fromisoformat(str(body["created_at"])))
 
 
 async def iter_sse(content: aiohttp.StreamReader) -> AsyncIterator[SseEvent | None]:
@@ -230,7 +222,7 @@ class PushClient:
                     self.last_disconnect_reason = event.data
                     log.warning("push stream closed by the server: %s", event.data)
                     return
-                await self._on_row(row_from_json(json.loads(event.data)))
+                await self._on_row(FeedRow.from_json(json.loads(event.data)))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -295,7 +287,7 @@ class PushClient:
                 track.epoch, track.offset = epoch, 0
                 continue
             track.epoch = epoch
-            rows = [row_from_json(r) for r in body["rows"]]
+            rows = [FeedRow.from_json(r) for r in body["rows"]]
             for row in rows:
                 if row.offset > track.offset:
                     await self._deliver(row)

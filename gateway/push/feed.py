@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -53,6 +54,13 @@ class FeedRow:
         return {"topic": self.topic, "offset": self.offset, "epoch": self.epoch,
                 "kind": self.kind, "payload": self.payload,
                 "created_at": self.created_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> FeedRow:
+        """The inverse of :meth:`to_json` (rows read from the HTTP API or a signal)."""
+        return cls(str(body["topic"]), int(body["offset"]), int(body["epoch"]),
+                   str(body["kind"]), dict(body["payload"]),
+                   datetime.fromisoformat(str(body["created_at"])))
 
     @functools.cached_property
     def wire(self) -> str:
@@ -102,8 +110,9 @@ async def append(conn: asyncpg.Connection, topic: str, kind: str,
 
 async def publish(cache: AnyRedis, row: FeedRow) -> None:
     """Signal a committed row on ``push:<topic>``; a failure is logged and swallowed
-    (pub/sub is at-most-once; clients poll the feed to cure a missed signal)."""
-    await publish_signal(cache, row.topic, row.offset, row.kind, row.epoch)
+    (pub/sub is at-most-once; clients poll the feed to cure a missed signal). A small row
+    rides along in the signal, so the receiving hub need not read it back."""
+    await publish_signal(cache, row.topic, row.offset, row.kind, row.epoch, row.wire)
 
 
 async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,

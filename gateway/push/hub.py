@@ -210,8 +210,28 @@ class Hub:
         if state is None:
             return
         if state.head is None or body["epoch"] != state.epoch or body["offset"] > state.head:
-            metrics.FEED_READS.labels("signal").inc()
-            self._wake(state)
+            if not self._take_inline(state, body):
+                metrics.FEED_READS.labels("signal").inc()
+                self._wake(state)
+
+    def _take_inline(self, state: _Topic, body: dict[str, Any]) -> bool:
+        """Offer the row the signal carries when it is exactly the next one and no read is
+        in flight (that read decides the order); otherwise the feed is read."""
+        inline = body.get("row")
+        if (not isinstance(inline, dict) or state.head is None
+                or (state.task is not None and not state.task.done())
+                or body["epoch"] != state.epoch or body["offset"] != state.head + 1):
+            return False
+        try:
+            row = feed.FeedRow.from_json(inline)
+        except (KeyError, TypeError, ValueError):
+            return False
+        if (row.topic, row.offset, row.epoch) != (state.name, body["offset"], state.epoch):
+            return False
+        state.head = row.offset
+        for sub in list(state.subscribers):
+            sub.offer(row)
+        return True
 
     def _on_state(self, up: bool) -> None:
         changed = up != self.signals_up

@@ -64,8 +64,9 @@ async def test_publish_sends_the_signal(runtime: Runtime) -> None:
             if message:
                 break
         assert message is not None
-        assert json.loads(message["data"]) == {"topic": "pipeline", "offset": row.offset,
-                                               "kind": "embed", "epoch": 1}
+        body = json.loads(message["data"])
+        assert body == {"topic": "pipeline", "offset": row.offset, "kind": "embed",
+                        "epoch": 1, "row": row.to_json()}  # a small row rides along
     finally:
         await pubsub.aclose()
 
@@ -118,3 +119,12 @@ async def test_concurrent_writers_never_leave_a_hole_a_poller_skips(runtime: Run
     done.set()
     await asyncio.wait_for(poll, 30)
     assert seen == list(range(1, writers * per_writer + 1))
+
+
+def test_large_rows_do_not_ride_in_the_signal() -> None:
+    from gateway.push.channel import INLINE_ROW_MAX_CHARS, signal_body
+
+    small = json.loads(signal_body("t", 1, "k", 1, '{"a":1}'))
+    assert small["row"] == {"a": 1}
+    large = json.loads(signal_body("t", 1, "k", 1, json.dumps({"a": "x" * INLINE_ROW_MAX_CHARS})))
+    assert large == {"topic": "t", "offset": 1, "kind": "k", "epoch": 1}

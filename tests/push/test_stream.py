@@ -236,6 +236,11 @@ async def test_rows_arrive_by_signal_alone(runtime: Runtime, push_server: Any) -
     await wait_until(lambda: hub_of(client).signals_up, message="signals up")
     resp = await client.get("/v1/stream", params={"topics": "conversation:sig"})
     await _append(runtime, "conversation:sig", 3, kind="message")
-    events = await _events(resp, 3)
-    assert [json.loads(e.data)["offset"] for e in events] == [1, 2, 3]
+    # Too large to ride in its signal: the hub reads this one from the feed.
+    big = await feed.append_and_publish(runtime.pg, runtime.cache, "conversation:sig",
+                                        "message", {"text": "x" * 20000})
+    events = await _events(resp, 4)
+    rows = [json.loads(e.data) for e in events]
+    assert [r["offset"] for r in rows] == [1, 2, 3, big.offset]
+    assert rows[3]["payload"]["text"] == "x" * 20000
     resp.close()
