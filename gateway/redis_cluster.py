@@ -1,4 +1,4 @@
-"""redis-py's asyncio cluster client, with the three gaps the gateway hits closed so that code
+"""redis-py's asyncio cluster client, with the gaps the gateway hits closed so that code
 written against a single instance runs unchanged on Redis Cluster:
 
 - ``register_script`` on a cluster *pipeline* fails (it has no encoder), and a script called
@@ -9,6 +9,7 @@ written against a single instance runs unchanged on Redis Cluster:
 - ``pubsub()`` on a client that has not run a command yet has no slot map, and the first
   ``SUBSCRIBE``/``SSUBSCRIBE`` fails with ``KeyError``/``SlotNotCoveredError``. Here the
   pubsub loads the slot map first.
+- concurrent first commands on a fresh client race its initialisation (see execute_command).
 
 Everything else is redis-py's own ``RedisCluster``; ``isinstance(x, RedisCluster)`` holds.
 """
@@ -89,6 +90,14 @@ class InitializingClusterPubSub(ClusterPubSub):
 class GatewayCluster(RedisCluster):
     """``RedisCluster`` whose pipelines run registered scripts and whose pubsub works on a
     client that has not connected yet."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        # redis-py resolves the command's routing policy *before* it initializes, so the
+        # first commands of a fresh client, sent concurrently, can use a connection that
+        # initialize() is closing ("'NoneType' object has no attribute 'writelines'").
+        # Initialising first (a flag check once done) closes that race.
+        await self.initialize()
+        return await super().execute_command(*args, **kwargs)
 
     def register_script(self, script: Any) -> Any:
         return ClusterScript(self, script)

@@ -3,6 +3,8 @@ that has not connected yet (pipelined scripts after SCRIPT FLUSH, pubsub first).
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway import keys, redis_clients
 from gateway.redis_cluster import GatewayCluster
 from tests.conftest import ServerSet
@@ -57,4 +59,17 @@ async def test_pubsub_on_a_client_that_never_ran_a_command(servers: ServerSet) -
             assert got[0] == "hello"
         finally:
             await pubsub.aclose()
+            await client.aclose()
+
+
+async def test_concurrent_first_commands_on_fresh_clients(servers: ServerSet) -> None:
+    """Without initialising first, about one fresh client in five failed here."""
+    for attempt in range(15):
+        client = redis_clients.connect(servers.durable_url, variable="test")
+        key = keys.dedup_job(f"fresh-{attempt}")
+        try:
+            won = await asyncio.gather(*(client.set(key, "x", nx=True, ex=60)
+                                         for _ in range(50)))
+            assert sum(bool(w) for w in won) == 1
+        finally:
             await client.aclose()
