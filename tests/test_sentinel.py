@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -124,3 +125,15 @@ def test_url_parts() -> None:
     other = parse("redis+sentinel://:pw@s1:26379/durable?sentinel_password=sp",
                   variable="GATEWAY_DURABLE_URL")
     assert other.sentinel_password == "sp" and other.password == "pw" and not other.tls
+
+
+def test_readme_examples_parse() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    urls = re.findall(r"'(rediss?\+(?:sentinel|cluster)://[^']+)'", readme)
+    assert len([u for u in urls if "+sentinel" in u]) >= 2, urls
+    for url in urls:
+        if "+sentinel" in url:
+            spec = parse(url, variable="GATEWAY_DURABLE_URL")
+            assert spec.nodes and spec.service.startswith("gateway-") and spec.password
+        else:
+            assert redis_clients.is_cluster_url(url)
