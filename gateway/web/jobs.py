@@ -53,10 +53,10 @@ def parse_job(payload: Any) -> tuple[str | None, str, str, dict[str, Any]]:
         raise _bad("body must be a JSON object")
     job_id = _job_id(payload.get("job_id"))
     priority = payload.get("priority", "normal")
-    if priority not in PRIORITY_BASE:
+    if not isinstance(priority, str) or priority not in PRIORITY_BASE:
         raise _bad(f"priority must be one of {', '.join(PRIORITY_BASE)}")
     doc_type = payload.get("type", "other")
-    if doc_type not in TYPE_BONUS:
+    if not isinstance(doc_type, str) or doc_type not in TYPE_BONUS:
         raise _bad(f"type must be one of {', '.join(TYPE_BONUS)}")
     document = payload.get("document")
     if not isinstance(document, dict):

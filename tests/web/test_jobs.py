@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway import keys
 from gateway.dedup import claims
@@ -72,6 +74,8 @@ async def test_priority_orders_the_queue(client: Any, runtime: Runtime) -> None:
     ({"document": {"text": "x", "url": 5}}, "document.url"),
     ({"document": DOC, "priority": "urgent"}, "priority"),
     ({"document": DOC, "type": "video"}, "type"),
+    ({"document": DOC, "priority": []}, "priority"),  # unhashable: once a 500
+    ({"document": DOC, "type": {}}, "type"),
     ({"document": DOC, "job_id": ""}, "job_id"),
     ({"document": DOC, "job_id": "has space"}, "job_id"),
     ({"document": DOC, "job_id": 7}, "job_id"),
@@ -113,3 +117,23 @@ async def test_status_of_a_queued_job_and_an_unknown_one(client: Any) -> None:
     missing = await client.get("/v1/jobs/never-seen")
     assert missing.status == 404
     assert (await missing.json())["error"] == "not_found"
+
+
+job_bodies = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["job_id", "priority", "type", "document", "text", "title", "url"])
+        | st.text(max_size=5), inner, max_size=5),
+    max_leaves=10)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=job_bodies)
+async def test_fuzzed_job_bodies_get_a_clear_answer(client: Any, body: Any) -> None:
+    response = await client.post("/v1/jobs", data=json.dumps(body),
+                                 headers={"Content-Type": "application/json"})
+    assert response.status in (200, 202, 400), await response.text()
+    answer = await response.json()
+    assert ("error" in answer and answer["detail"]) if response.status == 400 else (
+        answer["status"] in ("accepted", "duplicate"))
