@@ -47,8 +47,8 @@ async def fuzz_client(make_client: Any, runtime: Runtime) -> Any:
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(request=requests)
-async def test_fuzzed_requests_never_fail_the_server(fuzz_client: Any,
-                                                     request: dict[str, Any]) -> None:
+async def test_fuzzed_requests_never_fail_the_server(fuzz_client: Any, request: dict[str, Any],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     headers = dict(request["headers"])
     if request["sign_as"] is not None:
         headers.update(standard(request["body"], request["sign_as"]))
@@ -62,3 +62,4 @@ async def test_fuzzed_requests_never_fail_the_server(fuzz_client: Any,
         assert set(answer) >= {"error", "detail"}
     else:
         assert answer["status"] in ("accepted", "duplicate")
+    assert "unhandled error" not in caplog.text
