@@ -17,8 +17,8 @@ import argparse
 import base64
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -44,11 +44,10 @@ def item_id_for(source: str, delivery_id: str) -> str:
     return f"webhook:{source}:{delivery_id}"
 
 
-@dataclass(frozen=True)
-class Verified:
+class Verified(NamedTuple):
     source: str
     delivery_id: str
-    document: dict[str, object]
+    document: dict[str, Any]
 
 
 async def _verify(request: web.Request, inbound: Inbound) -> Verified:
@@ -78,8 +77,7 @@ async def receive(request: web.Request) -> web.Response:
     verified = await _verify(request, inbound)
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(
-        keys.dedup_webhook(verified.source, verified.delivery_id), item_id,
-        dict(verified.document))
+        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.document)
     return intake_answer(outcome, item_id)
 
 
