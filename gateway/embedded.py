@@ -133,7 +133,10 @@ class RedisServer:
         return self.data_dir / "server.log"
 
     def command(self) -> list[str]:
-        conf = redis_config_dir() / f"{self.role}.conf"
+        # The server gets its own copy: CONFIG REWRITE (issued by Sentinel on failover, or by
+        # an operator) must never rewrite the shipped file in deploy/redis/.
+        conf = self.data_dir / f"{self.role}.conf"
+        shutil.copyfile(redis_config_dir() / f"{self.role}.conf", conf)
         args = [self.binary, str(conf), "--dir", str(self.data_dir),
                 "--port", str(self.port), "--requirepass", self.password,
                 "--daemonize", "no", "--logfile", str(self.log_path), "--pidfile", ""]
