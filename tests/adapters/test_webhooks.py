@@ -12,6 +12,7 @@ import pytest
 
 from gateway import keys
 from gateway.adapters import signing
+from gateway.adapters.inbound import INBOUND
 from gateway.dedup import claims
 from gateway.pipeline.stages import doc_key, meta_key, ready_key
 from gateway.runtime import Runtime
@@ -43,7 +44,10 @@ async def test_accepted_then_duplicate(client: Any, runtime: Runtime) -> None:
     assert document["title"] == "invoice.paid"
     assert document["url"] == "https://x.test/42"
     assert document["body"] == payload
+    status = await client.get("/v1/jobs/webhook:demo:msg_1")
+    assert (await status.json())["state"] == "queued"
     claim_key = keys.dedup_webhook("demo", "msg_1")
+    await client.app[INBOUND].auto.drain()  # the claim turns done with the next flush
     assert await claims.state(runtime.durable, claim_key) == claims.DONE
     assert 0 < await runtime.durable.ttl(claim_key) <= runtime.settings.dedup_ttl
     assert await registry_violations(runtime.durable, "durable") == []
@@ -209,8 +213,6 @@ async def test_fifty_concurrent_deliveries_make_one_item(client: Any, runtime: R
 async def test_claim_released_after_injected_failure_lets_retry_through(
         client: Any, runtime: Runtime) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from gateway.adapters.inbound import INBOUND
 
     intaker = client.app[INBOUND].intaker
     real_add = intaker._add
