@@ -128,3 +128,21 @@ def test_large_rows_do_not_ride_in_the_signal() -> None:
     assert small["row"] == {"a": 1}
     large = json.loads(signal_body("t", 1, "k", 1, json.dumps({"a": "x" * INLINE_ROW_MAX_CHARS})))
     assert large == {"topic": "t", "offset": 1, "kind": "k", "epoch": 1}
+
+
+async def test_retention_by_age_trims_a_prefix_only(runtime: Runtime) -> None:
+    from gateway.push.retention import trim
+
+    for _ in range(6):
+        await feed.append_and_publish(runtime.pg, runtime.cache, "pipeline", "store", {})
+    await feed.append_and_publish(runtime.pg, runtime.cache, "conversation:keep", "message", {})
+    # Rows 1-3 and 5 are old; 4 is not (clock skew, a long transaction): the cut stops at the
+    # newest old row, so 4 goes too and no hole is left behind it.
+    await runtime.pg.execute(
+        "UPDATE feed SET created_at = now() - interval '2 days'"
+        " WHERE topic = 'pipeline' AND \"offset\" IN (1, 2, 3, 5)")
+    assert await trim(runtime.pg, max_age_seconds=86400, max_rows=1000) == 5
+    page = await feed.read_page(runtime.pg, "pipeline", 0, 100)
+    assert page.trimmed_through == 5 and [r.offset for r in page.rows] == [6]
+    assert len((await feed.read(runtime.pg, "conversation:keep", 0, 10))[1]) == 1
+    assert await trim(runtime.pg, max_age_seconds=86400, max_rows=1000) == 0  # idempotent
