@@ -27,6 +27,12 @@ local function cost_of(member) return tonumber(string.match(member, ':(%d+)$')) 
 if cost > limit or cost > burst then
   return {-1, '0', fmt(now)}
 end
+-- A client retry of an attempt that already ran (its reply was lost) finds its own entry:
+-- answer as before instead of counting the cost twice.
+local member = ARGV[6] .. ':' .. fmt(cost)
+if redis.call('ZSCORE', key, member) then
+  return {1, '0', fmt(now)}
+end
 
 -- Expire old entries, keeping the running total in step (recomputed if it went missing).
 local used = tonumber(redis.call('GET', total_key))
@@ -50,7 +56,7 @@ end
 
 local ttl = math.ceil(window / 1000) + 1
 if used + cost <= limit and used_smooth + cost <= burst then
-  redis.call('ZADD', key, fmt(now), ARGV[6] .. ':' .. fmt(cost))
+  redis.call('ZADD', key, fmt(now), member)
   redis.call('SET', total_key, fmt(used + cost), 'PX', ttl)
   redis.call('PEXPIRE', key, ttl)
   return {1, '0', fmt(now)}
