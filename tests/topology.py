@@ -56,20 +56,6 @@ def command(port: int, password: str, *args: str, timeout: float = 2.0) -> Any:
 
 
 @dataclass
-class PrivateConfigServer(embedded.RedisServer):
-    """A RedisServer started from a private copy of its role's configuration: Sentinel
-    reconfigures the servers it watches with CONFIG REWRITE, which writes into the file the
-    server was started from, and the checked-in deploy/redis files must never change."""
-
-    def command(self) -> list[str]:
-        args = super().command()
-        private = self.data_dir / f"{self.role}.conf"
-        shutil.copyfile(args[1], private)
-        args[1] = str(private)
-        return args
-
-
-@dataclass
 class LocalCluster:
     """Three (or more) masters, no replicas, one role's configuration on every node."""
 
@@ -91,7 +77,7 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> LocalCluster:
         try:
             for index in range(self.masters):
-                node = PrivateConfigServer(
+                node = embedded.RedisServer(
                     self.role, self.root / f"{self.role}-{index}", self.password,
                     overrides={
                         "cluster-enabled": "yes",
@@ -172,10 +158,10 @@ class SentinelSet:
 
     def start(self, timeout: float = 30.0) -> SentinelSet:
         try:
-            self.master = PrivateConfigServer(
+            self.master = embedded.RedisServer(
                 self.role, self.root / "master", self.password,
                 overrides={"masterauth": self.password}).start()
-            self.replica = PrivateConfigServer(
+            self.replica = embedded.RedisServer(
                 self.role, self.root / "replica", self.password,
                 overrides={"masterauth": self.password,
                            "replicaof": f"127.0.0.1 {self.master.port}"}).start()
