@@ -39,7 +39,7 @@ from gateway.store.migrate import migrate_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".gateway" / "bench-peers"
-PEER_PACKAGES = ["arq==0.28.0", "saq[redis]==0.26.4", "redis[hiredis]>=5,<6"]
+PEER_PACKAGES = ["arq==0.28.0", "saq[redis]==0.26.4", "redis[hiredis]>=5,<6", "typing_extensions"]
 
 BARE_POP = """
 local p = redis.call('ZPOPMIN', KEYS[1])
@@ -147,7 +147,7 @@ async def _enqueue_all_doc(client: Any, n: int, document: dict[str, Any]) -> Non
 
 
 PEER_SCRIPT = r'''
-import asyncio, sys, time
+import asyncio, os, sys, time
 kind, url, n, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 STAGES = ["store", "chunk", "embed", "graph"]
 
@@ -158,7 +158,7 @@ async def run_saq():
     async def stage(ctx, *, i, s):
         nonlocal count
         if s + 1 < len(STAGES):
-            await ctx["queue"].enqueue("stage", i=i, s=s + 1)
+            await q.enqueue("stage", i=i, s=s + 1)
         else:
             count += 1
             if count >= n: done.set()
@@ -170,8 +170,8 @@ async def run_saq():
     task = asyncio.create_task(w.start())
     await done.wait()
     elapsed = time.perf_counter() - t0
-    await w.stop(); task.cancel()
-    print(elapsed)
+    print(elapsed, flush=True)
+    os._exit(0)  # skip the worker's shutdown grace period
 
 async def run_arq():
     from arq import create_pool
@@ -196,8 +196,8 @@ async def run_arq():
     task = asyncio.create_task(w.async_run())
     await done.wait()
     elapsed = time.perf_counter() - t0
-    task.cancel()
-    print(elapsed)
+    print(elapsed, flush=True)
+    os._exit(0)
 
 asyncio.run(run_saq() if kind == "saq" else run_arq())
 '''
@@ -218,8 +218,9 @@ def run_peer(kind: str, url: str, n: int, concurrency: int) -> float:
 
     redis.Redis.from_url(url).flushall()
     out = subprocess.run([str(peers_python()), "-c", PEER_SCRIPT, kind, url, str(n),
-                          str(concurrency)], check=True, capture_output=True, text=True,
-                         timeout=900)
+                          str(concurrency)], capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise SystemExit(f"{kind} run failed:\n{out.stderr[-3000:]}")
     return float(out.stdout.strip().splitlines()[-1])
 
 
