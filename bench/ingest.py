@@ -112,13 +112,15 @@ class Result:
     p99_ms: float
     statuses: dict[int, int]
     cpu_us: float = 0.0  # server CPU time per answered request
+    redis_us: float = 0.0  # redis-durable CPU time per answered request
     load_cpu: float = 0.0  # share of its core the load generator used
 
 
     def line(self) -> str:
         codes = " ".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
         return (f"{self.name:<8} {self.rps:>9.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
-                f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req  "
+                f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req "
+                f"(+{self.redis_us:3.0f} us redis)  "
                 f"wrk at {self.load_cpu:4.0%} of its core  {codes}")
 
 
@@ -235,6 +237,8 @@ def main() -> int:
         for server in (durable, cache):
             assert server.proc is not None
             pin(server.proc.pid, args.load_core)
+        assert durable.proc is not None
+        durable_pid = durable.proc.pid
         import asyncio
 
         asyncio.run(migrate_url(pg.url))
@@ -280,11 +284,14 @@ def main() -> int:
                     run_wrk(url, script, warm, timestamp, body, args.warmup,
                             args.connections, args.load_core, name)
                     before = cpu_seconds(proc.pid)
+                    redis_before = cpu_seconds(durable_pid)
                     results[name] = run_wrk(url, script, measure, timestamp, body,
                                             args.duration, args.connections, args.load_core,
                                             name)
                     answered = sum(results[name].statuses.values()) or 1
                     results[name].cpu_us = (cpu_seconds(proc.pid) - before) / answered * 1e6
+                    results[name].redis_us = ((cpu_seconds(durable_pid) - redis_before)
+                                              / answered * 1e6)
                 print(f"round {round_no}  " + results[name].line())
             ratio = results["gateway"].rps / results["bare"].rps
             ratios.append(ratio)
