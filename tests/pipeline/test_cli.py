@@ -1,0 +1,60 @@
+"""`gateway deadletter list|requeue|purge` and `gateway recover` as an operator runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from gateway.pipeline import queue
+from gateway.pipeline.stages import dead_key, ready_key
+
+
+async def _gateway(servers, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "GATEWAY_DURABLE_URL": servers.durable_url,
+           "GATEWAY_CACHE_URL": servers.cache_url, "GATEWAY_DATABASE_URL": servers.database_url}
+    env.pop("GATEWAY_CONFIG", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode() + err.decode()
+
+
+async def test_deadletter_commands(runtime, servers):
+    for item_id in ("a", "b", "c"):
+        await queue.enqueue(runtime.durable, item_id, {"text": item_id})
+        lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
+        await queue.fail(runtime.durable, lease, f"broken {item_id}", max_failures=1)
+    code, out = await _gateway(servers, "deadletter", "list", "--stage", "store")
+    assert code == 0
+    entries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(e["item_id"], e["reason"]) for e in entries] == [
+        ("a", "broken a"), ("b", "broken b"), ("c", "broken c")]
+    code, out = await _gateway(servers, "deadletter", "requeue", "--stage", "store",
+                               "--limit", "1")
+    assert code == 0 and "requeued 1" in out
+    assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["a"]
+    code, out = await _gateway(servers, "deadletter", "purge", "--stage", "store")
+    assert code == 0 and "purged 2" in out
+    assert await runtime.durable.llen(dead_key("store")) == 0
+    archived = await runtime.pg.fetch("SELECT item_id FROM pipeline_dead_letters ORDER BY id")
+    assert [r["item_id"] for r in archived] == ["b", "c"]
+    code, out = await _gateway(servers, "deadletter", "list", "--stage", "nope")
+    assert code != 0 and "invalid choice" in out
+
+
+async def test_recover_command_reports_and_requeues(runtime, servers):
+    await runtime.pg.execute(
+        "INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)"
+        " VALUES ('x', 'store', 'w', 'high', 'code'), ('x', 'chunk', 'w', 'high', 'code'),"
+        " ('done', 'store', 'w', 'normal', 'other'), ('done', 'chunk', 'w', 'normal', 'other'),"
+        " ('done', 'embed', 'w', 'normal', 'other'), ('done', 'graph', 'w', 'normal', 'other')")
+    code, out = await _gateway(servers, "recover")
+    assert code == 0 and "1 re-enqueued" in out
+    lease = await queue.fetch(runtime.durable, "embed", "w", 60_000)
+    assert lease is not None and lease.item_id == "x" and (lease.base, lease.bonus) == (50, 3)
+    assert (await queue.job_status(runtime, "x"))["stages"] == {
+        "store": "done", "chunk": "done", "embed": "running", "graph": "pending"}
