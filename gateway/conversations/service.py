@@ -99,9 +99,9 @@ class ConversationService:
         if user_row is not None:
             await feed.publish(self.runtime.cache, user_row)
         if seen is not None:
-            return await self._redelivered(incoming, send, conversation.id, seen)
+            return await self._redelivered(conn, incoming, send, conversation.id, seen)
 
-        reply = await self._run_handler(incoming, conversation.id, seq, command, created)
+        reply = await self._run_handler(conn, incoming, conversation.id, seq, command, created)
         if reply is None:
             return Outcome(conversation.id, seq, None, False)
         async with conn.transaction():
@@ -110,25 +110,28 @@ class ConversationService:
             bot_row = await feed.append(conn, topic(conversation.id), "message",
                                         self._payload(incoming, answer))
         await feed.publish(self.runtime.cache, bot_row)
-        delivered = await self._deliver(incoming, send, conversation.id, answer.seq, reply)
+        delivered = await self._deliver(conn, incoming, send, conversation.id, answer.seq,
+                                        reply)
         return Outcome(conversation.id, seq, reply, delivered)
 
-    async def _redelivered(self, incoming: Incoming, send: Send, conversation_id: int,
-                           seen: store.Inbound) -> Outcome:
+    async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
+                           conversation_id: int, seen: store.Inbound) -> Outcome:
         """The platform sent a message we stored before: answer it at most once."""
         if seen.reply_seq is None or seen.reply_text is None or seen.reply_settled:
             return Outcome(conversation_id, seen.seq, seen.reply_text, False, duplicate=True)
         # Stored but never handed off (the process died in between): send that reply now.
-        delivered = await self._deliver(incoming, send, conversation_id, seen.reply_seq,
-                                        seen.reply_text)
+        delivered = await self._deliver(conn, incoming, send, conversation_id,
+                                        seen.reply_seq, seen.reply_text)
         return Outcome(conversation_id, seen.seq, seen.reply_text, delivered, duplicate=True)
 
-    async def _deliver(self, incoming: Incoming, send: Send, conversation_id: int, seq: int,
-                       text: str) -> bool:
-        delivered = await deliver(self.runtime, self.limiter,
-                                  limit_names(incoming, self.limits), incoming, text, send,
-                                  self.policy, conversation_id=conversation_id, seq=seq)
-        await store.settle(self.runtime.pg, conversation_id, seq)
+    async def _deliver(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
+                       conversation_id: int, seq: int, text: str) -> bool:
+        # Everything below runs on the connection this message already holds: asking the
+        # pool for a second one could wait forever once every connection is a waiting chat.
+        delivered = await deliver(conn, self.limiter, limit_names(incoming, self.limits),
+                                  incoming, text, send, self.policy,
+                                  conversation_id=conversation_id, seq=seq)
+        await store.settle(conn, conversation_id, seq)
         return delivered
 
     async def _resolve(self, conn: asyncpg.Connection, incoming: Incoming,
@@ -143,10 +146,11 @@ class ConversationService:
             return found, False
         return await store.start(conn, incoming), True
 
-    async def _run_handler(self, incoming: Incoming, conversation_id: int, count: int,
-                           command: str | None, created: bool) -> str | None:
+    async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,
+                           conversation_id: int, count: int, command: str | None,
+                           created: bool) -> str | None:
         async def history(limit: int) -> list[store.Message]:
-            return await store.history(self.runtime.pg, conversation_id, limit)
+            return await store.history(conn, conversation_id, limit)
 
         context = Context(self.runtime, incoming, conversation_id, count, command, created,
                           self.providers, history)

@@ -13,16 +13,19 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
+
+import asyncpg
 
 from gateway.config import Settings
 from gateway.conversations.model import Incoming
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
-from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.outbound")
 
 Send = Callable[[str], Awaitable[None]]
+Db: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
 
 
 @dataclass(frozen=True)
@@ -58,20 +61,23 @@ def limit_names(incoming: Incoming,
     return names
 
 
-async def dead_letter(runtime: Runtime, incoming: Incoming, text: str, *, attempts: int,
+async def dead_letter(db: Db, incoming: Incoming, text: str, *, attempts: int,
                       error: str, conversation_id: int | None = None,
                       seq: int | None = None) -> None:
-    await runtime.pg.execute(
+    await db.execute(
         "INSERT INTO undelivered_replies (platform, chat, thread, team, conversation_id,"
         " message_seq, text, attempts, last_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         incoming.platform, incoming.chat, incoming.thread, incoming.team, conversation_id, seq,
         text, attempts, error[:1000])
 
 
-async def deliver(runtime: Runtime, limiter: Limiter, limits: list[tuple[str, Rate]],
+async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
                   incoming: Incoming, text: str, send: Send, policy: RetryPolicy, *,
                   conversation_id: int | None = None, seq: int | None = None) -> bool:
-    """Send ``text``; True when the platform took it, False when it was dead-lettered."""
+    """Send ``text``; True when the platform took it, False when it was dead-lettered.
+
+    ``db`` records the dead letter: pass the connection the caller already holds (asking
+    the pool for a second one while holding one can wait forever when the pool is full)."""
     failures = rate_limited = 0
     while True:
         try:
@@ -97,7 +103,7 @@ async def deliver(runtime: Runtime, limiter: Limiter, limits: list[tuple[str, Ra
             if failures >= policy.attempts or wait is not None or isinstance(exc, Undeliverable):
                 log.error("%s %s: reply undelivered after %d attempts (%s); dead-lettered",
                           incoming.platform, incoming.chat, failures + rate_limited, error)
-                await dead_letter(runtime, incoming, text, attempts=failures + rate_limited,
+                await dead_letter(db, incoming, text, attempts=failures + rate_limited,
                                   error=error, conversation_id=conversation_id, seq=seq)
                 return False
             delay = min(policy.backoff * 2 ** (failures - 1), policy.backoff_max)

@@ -245,3 +245,17 @@ async def test_unreachable_limiter_store_dead_letters_instead_of_losing(
     row = await runtime.pg.fetchrow("SELECT text, attempts, last_error FROM undelivered_replies")
     assert row["text"] == "echo: during (3 messages)" and row["attempts"] == 3
     assert "Connection" in row["last_error"]
+
+
+async def test_more_chats_than_pool_connections(fast_settings: Settings,
+                                                fast_runtime: Runtime) -> None:
+    """Each chat in flight holds one pooled connection for its lock; nothing inside may ask
+    the pool for a second one, or a full pool would wait on itself forever."""
+    rt = await open_runtime(fast_settings, pg_max_size=3)
+    try:
+        out = Outbox()
+        await asyncio.wait_for(asyncio.gather(*(
+            handle_incoming(rt, msg(f"c{i}", chat=str(1000 + i)), out) for i in range(12))), 30)
+    finally:
+        await rt.close()
+    assert sorted(out.texts) == sorted(f"echo: c{i} (1 messages)" for i in range(12))
