@@ -67,7 +67,10 @@ def _key(source: WebhookSource) -> bytes:
 
 def standard_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """``v1,<base64 HMAC-SHA256 of id.timestamp.body>``."""
-    digest = hmac.digest(key, f"{msg_id}.{timestamp}.".encode() + body, "sha256")
+    # surrogateescape: a header with bytes that are not UTF-8 reaches us with surrogates;
+    # this restores the bytes the sender signed instead of failing.
+    digest = hmac.digest(key, f"{msg_id}.{timestamp}.".encode("utf-8", "surrogateescape")
+                         + body, "sha256")
     return "v1," + base64.b64encode(digest).decode()
 
 
