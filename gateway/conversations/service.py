@@ -10,6 +10,7 @@ dead letter. The lock is held until the reply left, so replies keep the messages
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ log = logging.getLogger("gateway.conversations")
 
 Send = Callable[[str], Awaitable[None]]
 DEFAULT_IDLE_SECONDS = 7 * 86400
+RESERVED_CONNECTIONS = 2
 APOLOGY = "Sorry, I could not answer that just now. Please try again."
 
 
@@ -65,9 +67,16 @@ class ConversationService:
         self.policy = RetryPolicy.from_settings(settings)
         self.idle_seconds = int(section.get("idle_seconds", DEFAULT_IDLE_SECONDS))
         self.locks = KeyedLocks()
+        # A chat in flight holds a pooled connection until its reply has left, which can
+        # include a platform's Retry-After. Leave RESERVED connections to the rest of the
+        # process (feed reads, journal writes) however many chats are waiting.
+        pool_size = runtime.pg.get_max_size()
+        self.in_flight = asyncio.Semaphore(int(section.get(
+            "max_chats_in_flight", max(1, pool_size - RESERVED_CONNECTIONS))))
 
     async def handle(self, incoming: Incoming, send: Send) -> Outcome:
-        async with self.locks.hold(f"{incoming.platform}:{chat_key(incoming)}"):
+        async with self.locks.hold(f"{incoming.platform}:{chat_key(incoming)}"), \
+                self.in_flight:
             async with self.runtime.pg.acquire() as conn:
                 await store.lock_chat(conn, incoming)
                 try:

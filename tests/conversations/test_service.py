@@ -22,7 +22,7 @@ from gateway.embedded import RedisServer
 from gateway.outbound.errors import RetryLater
 from gateway.push import feed
 from gateway.runtime import Runtime, open_runtime
-from tests.helpers import registry_violations
+from tests.helpers import registry_violations, wait_until
 
 _ids = itertools.count(1)
 
@@ -259,3 +259,25 @@ async def test_more_chats_than_pool_connections(fast_settings: Settings,
     finally:
         await rt.close()
     assert sorted(out.texts) == sorted(f"echo: c{i} (1 messages)" for i in range(12))
+
+
+async def test_chats_waiting_on_retry_after_leave_connections_for_others(
+        fast_settings: Settings, fast_runtime: Runtime) -> None:
+    rt = await open_runtime(fast_settings, pg_max_size=4)
+    limited: set[str] = set()
+
+    async def slow_platform(text: str) -> None:
+        if text not in limited:
+            limited.add(text)
+            raise RetryLater(1.0)
+
+    try:
+        chats = [asyncio.create_task(handle_incoming(rt, msg(f"w{i}", chat=str(2000 + i)),
+                                                     slow_platform)) for i in range(6)]
+        await wait_until(lambda: len(limited) >= 2, message="chats waiting on Retry-After")
+        # Two chats sit on their connections; the process still reaches PostgreSQL at once.
+        assert await asyncio.wait_for(rt.pg.fetchval("SELECT 1"), 0.5) == 1
+        await asyncio.wait_for(asyncio.gather(*chats), 30)
+    finally:
+        await rt.close()
+    assert len(limited) == 6
