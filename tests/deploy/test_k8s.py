@@ -1,6 +1,7 @@
-"""deploy/k8s: the checks ``kubectl apply --dry-run=client`` would make, by parsing, since no
-cluster is reachable here; plus the gateway's own: every variable is one it reads and the
-example values parse as its configuration does."""
+"""deploy/k8s: the checks ``kubectl apply --dry-run=client`` would make, offline since no
+cluster is reachable here (the API's JSON schemas, then the cross-references between
+documents); plus the gateway's own: every variable is one it reads and the example values
+parse as its configuration does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -65,6 +67,14 @@ def test_every_document_has_the_required_fields() -> None:
         assert isinstance(name, str) and DNS_1123.match(name) and len(name) <= 63, where
         assert (doc["kind"], name) not in seen, f"duplicate {doc['kind']}/{name}"
         seen.add((doc["kind"], name))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_schema_of_the_kubernetes_api(doc: dict[str, Any]) -> None:
+    """The API's own OpenAPI schemas (kubernetes-validate, offline), strict: an unknown or
+    misspelt field fails, as `kubectl apply --dry-run=client` would fail it."""
+    resource = {k: v for k, v in doc.items() if k != "__file__"}
+    kubernetes_validate.validate(resource, kubernetes_validate.latest_version(), strict=True)
 
 
 def test_kustomization_lists_every_file() -> None:
