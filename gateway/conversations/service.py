@@ -108,7 +108,9 @@ class ConversationService:
         if user_row is not None:
             await feed.publish(self.runtime.cache, user_row)
         if seen is not None:
-            return await self._redelivered(conn, incoming, send, conversation.id, seen)
+            if seen.reply_seq is not None:
+                return await self._redelivered(conn, incoming, send, conversation.id, seen)
+            seq = seen.seq  # stored, but the handler never answered it (the process died)
 
         reply = await self._run_handler(conn, incoming, conversation.id, seq, command, created)
         if reply is None:
@@ -125,7 +127,7 @@ class ConversationService:
 
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                            conversation_id: int, seen: store.Inbound) -> Outcome:
-        """The platform sent a message we stored before: answer it at most once."""
+        """The platform sent a message we stored and answered before: at most once."""
         if seen.reply_seq is None or seen.reply_text is None or seen.reply_settled:
             return Outcome(conversation_id, seen.seq, seen.reply_text, False, duplicate=True)
         # Stored but never handed off (the process died in between): send that reply now.

@@ -131,6 +131,22 @@ async def test_unsettled_reply_is_sent_on_redelivery(fast_runtime: Runtime) -> N
     assert await fast_runtime.pg.fetchval("SELECT count(*) FROM conversation_messages") == 2
 
 
+async def test_stored_but_unanswered_message_is_answered_on_redelivery(
+        fast_runtime: Runtime) -> None:
+    """The process died after storing the message, before the handler ran: the platform's
+    retry gets the answer (once), without storing the message twice."""
+    out = Outbox()
+    same = msg("hi")
+    await handle_incoming(fast_runtime, same, out)
+    await fast_runtime.pg.execute("DELETE FROM conversation_messages WHERE role = 'bot'")
+    await handle_incoming(fast_runtime, same, out)
+    await handle_incoming(fast_runtime, same, out)
+    assert len(out.texts) == 2 and out.texts[0] == "echo: hi (1 messages)"
+    roles = [r["role"] for r in await fast_runtime.pg.fetch(
+        "SELECT role FROM conversation_messages ORDER BY seq")]
+    assert roles == ["user", "bot"]
+
+
 async def test_chats_and_threads_are_separate(fast_runtime: Runtime) -> None:
     out = Outbox()
     await handle_incoming(fast_runtime, msg("a", chat="1"), out)
