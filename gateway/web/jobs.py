@@ -84,9 +84,9 @@ async def submit_job(request: web.Request) -> web.Response:
 
 async def get_job(request: web.Request) -> web.Response:
     item_id = request.match_info["id"]
-    # Every item id is printable ASCII (job ids, webhook ids, random hex); anything else,
-    # e.g. a NUL that PostgreSQL would refuse, cannot name an item.
-    plausible = len(item_id) <= 4 * MAX_ID_LENGTH and item_id.isascii() and item_id.isprintable()
+    # Item ids are printable text of bounded length; anything else (a NUL or a lone surrogate,
+    # which PostgreSQL would refuse) cannot name an item.
+    plausible = len(item_id) <= 4 * MAX_ID_LENGTH and item_id.isprintable()
     status = await job_status(request.app[RUNTIME], item_id) if plausible else None
     if status is None:
         raise ApiError(404, "not_found", f"no job {item_id!r}")
