@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gateway import embedded, redis_clients
-from gateway.config import ConfigError
+from gateway import doctor, embedded, redis_clients
+from gateway.config import ConfigError, Settings
 from gateway.dedup import claims
 from gateway.keys import dedup_webhook
 from gateway.redis_sentinel import parse
@@ -137,3 +138,12 @@ def test_readme_examples_parse() -> None:
             assert spec.nodes and spec.service.startswith("gateway-") and spec.password
         else:
             assert redis_clients.is_cluster_url(url)
+
+
+async def test_doctor_checks_the_master_behind_the_sentinel(sentinel_set: SentinelSet,
+                                                            settings: Settings) -> None:
+    checks = await doctor.run_checks(replace(settings, durable_url=sentinel_set.url))
+    durable = [(c.status, c.message) for c in checks if c.subject == "redis-durable"]
+    assert ("ok", "maxmemory-policy noeviction") in durable
+    assert all(status == "ok" for status, _ in durable), durable
+    assert not doctor.has_failure(checks), [c.line() for c in checks]
