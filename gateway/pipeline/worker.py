@@ -142,13 +142,11 @@ class StageWorker:
             if stopper:
                 stopper.cancel()
         done = [lease for lease in leases if lease.item_id not in errors]
-        if done:
-            await self._complete(done)
+        # Both after the commit, independent of each other: two stores, one wait.
+        await asyncio.gather(self._complete(done), self._publish(rows))
         for lease in leases:
             if lease.item_id in errors:
                 await self._fail(lease, errors[lease.item_id])
-        if rows:
-            await self._publish(rows)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 await callback()
@@ -163,6 +161,8 @@ class StageWorker:
         except Exception as exc:
             if len(leases) == 1:
                 return {leases[0].item_id: exc}, [], []
+            log.info("%s: batch of %d rolled back (%s: %s); one item per transaction",
+                     self.stage, len(leases), type(exc).__name__, exc)
         errors: dict[str, BaseException] = {}
         rows, callbacks = [], []
         for lease in leases:
@@ -206,6 +206,8 @@ class StageWorker:
     async def _publish(self, rows: list[feed.FeedRow]) -> None:
         """Feed signals of committed rows, in one round trip (the push API takes any
         client, a pipeline included); at-most-once: a failure is only logged."""
+        if not rows:
+            return
         try:
             async with self.runtime.cache.pipeline(transaction=False) as pipe:
                 for row in rows:
@@ -215,6 +217,8 @@ class StageWorker:
             log.warning("%s: %d feed signal(s) not sent: %s", self.stage, len(rows), exc)
 
     async def _complete(self, leases: list[queue.Lease]) -> None:
+        if not leases:
+            return
         results = await queue.complete_many(self.runtime.durable, leases)
         after = next_stage(self.stage)
         ok = 0
