@@ -35,6 +35,7 @@ from gateway.dedup import claims
 from gateway.outbound.errors import RetryLater, Undeliverable
 from gateway.runtime import Runtime
 from gateway.web.errors import ApiError
+from gateway.web.health import add_readiness_check
 
 log = logging.getLogger("gateway.telegram")
 
@@ -210,11 +211,18 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         yield
         if not starting.done():
             starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+        [outcome] = await asyncio.gather(starting, return_exceptions=True)
+        if isinstance(outcome, Exception):
+            log.error("telegram: bot did not start", exc_info=outcome)
         await bot.stop()
 
+    async def readiness() -> tuple[bool, str]:
+        mode = "long polling" if bot.polling else "webhook"
+        return bot.ready.is_set(), f"{mode}, {'ready' if bot.ready.is_set() else 'starting'}"
+
     app.cleanup_ctx.append(lifecycle)
+    # Not required: a Bot API outage must not take the other routes out of rotation.
+    add_readiness_check(app, "telegram", readiness, required=False)
 
 
 # --- CLI: gateway telegram set-webhook URL -------------------------------------------------

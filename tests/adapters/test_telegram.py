@@ -298,8 +298,13 @@ async def test_unreachable_bot_api_at_start_is_retried(
                                headers={HEADER: SECRET}) as early:
             assert early.status == 503 and early.headers["Retry-After"]
         await fake_telegram.wait_for_calls("getMe", 3)  # retried, paced
+        async with client.get("/readyz") as ready:  # shown, but not required
+            body = await ready.json()
+            assert ready.status == 200 and body["checks"]["telegram"]["ok"] is False
         fake_telegram.clear_faults()
         await wait_until(app[TELEGRAM_BOT].ready.is_set, message="bot ready after retries")
+        async with client.get("/readyz") as ready:
+            assert (await ready.json())["checks"]["telegram"]["ok"] is True
         assert await post(client, text_update("later", chat_id=12)) == 200
         await fake_telegram.wait_for_messages(1, chat_id=12)
     finally:
