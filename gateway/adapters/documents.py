@@ -19,9 +19,15 @@ _URL_FIELDS = ("url", "html_url", "link")
 
 
 def parse_json(body: bytes) -> Any:
-    """The body as JSON, or ``MalformedError`` naming what is wrong."""
+    """The body as JSON, or ``MalformedError`` naming what is wrong.
+
+    PostgreSQL keeps neither NUL characters nor unpaired surrogates (text or jsonb), so a
+    body carrying them (they can only come in as ``\\u`` escapes) would be accepted here and
+    then fail the store stage for good: it is refused now instead.
+    """
     try:
-        return json.loads(body.decode("utf-8"))
+        text = body.decode("utf-8")
+        value = json.loads(text)
     except UnicodeDecodeError as exc:
         raise MalformedError(f"body is not UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -29,6 +35,28 @@ def parse_json(body: bytes) -> Any:
                              f"column {exc.colno}") from None
     except RecursionError:
         raise MalformedError("body is nested too deeply") from None
+    if "\\u" in text:  # only escapes can smuggle these in; skip the walk otherwise
+        _check_storable(value)
+    return value
+
+
+def _check_storable(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise MalformedError("body contains \\u0000, which the document store cannot keep")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise MalformedError("body contains an unpaired surrogate escape "
+                                     "(\\ud800-\\udfff)") from None
 
 
 def _first_string(body: dict[str, Any], names: tuple[str, ...]) -> str | None:

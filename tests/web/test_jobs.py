@@ -77,6 +77,7 @@ async def test_priority_orders_the_queue(client: Any, runtime: Runtime) -> None:
     ({"document": DOC, "priority": "urgent"}, "priority"),
     ({"document": DOC, "type": "video"}, "type"),
     ({"document": DOC, "priority": []}, "priority"),  # unhashable: once a 500
+    ({"document": {"text": "a\u0000b"}}, "u0000"),  # PostgreSQL could not store it
     ({"document": DOC, "type": {}}, "type"),
     ({"document": DOC, "job_id": ""}, "job_id"),
     ({"document": DOC, "job_id": "has space"}, "job_id"),
