@@ -11,7 +11,7 @@ production, side by side in one invocation with:
 All runs use the same embedded redis-durable (flushed between runs). Also reports Redis
 memory per queued item. Figures are recorded in docs/performance.md.
 
-    python bench/pipeline.py [--items 5000] [--concurrency 12] [--peer-concurrency 50]
+    python bench/pipeline.py [--items 5000] [--concurrency 2] [--batch 64] [--peer-concurrency 50]
 """
 
 from __future__ import annotations
@@ -227,9 +227,9 @@ def run_peer(kind: str, url: str, n: int, concurrency: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=12,
+    parser.add_argument("--concurrency", type=int, default=2,
                         help="gateway and bare: coroutines per stage")
-    parser.add_argument("--batch", type=int, default=8, help="gateway: items per transaction")
+    parser.add_argument("--batch", type=int, default=64, help="gateway: items per transaction")
     parser.add_argument("--peer-concurrency", type=int, default=50)
     parser.add_argument("--no-peers", action="store_true")
     args = parser.parse_args()
