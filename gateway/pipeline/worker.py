@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from gateway.config import Settings
 from gateway.pipeline import metrics, queue
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
@@ -116,6 +118,11 @@ class StageWorker:
             idle = self.config.idle_min
             try:
                 await self.process(leases, stop)
+            except StoreOutage as exc:
+                log.warning("%s: %s; backing off", self.stage, exc)
+                idle = self.config.idle_max
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), idle)
             except Exception as exc:
                 # Redis unreachable at COMPLETE/FAIL: the items stay leased and RECLAIM
                 # returns them; a journaled stage is then acknowledged without a rerun.
@@ -144,12 +151,18 @@ class StageWorker:
         done = [lease for lease in leases if lease.item_id not in errors]
         # Both after the commit, independent of each other: two stores, one wait.
         await asyncio.gather(self._complete(done), self._publish(rows))
+        outage = [lease for lease in leases if _is_outage(errors.get(lease.item_id))]
         for lease in leases:
-            if lease.item_id in errors:
+            if lease.item_id in errors and lease not in outage:
                 await self._fail(lease, errors[lease.item_id])
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 await callback()
+        if outage:
+            # PostgreSQL unreachable is not the item's fault: give the items back untouched
+            # (no failure counted) and let the loop back off.
+            await self._release(outage)
+            raise StoreOutage(f"PostgreSQL unreachable: {errors[outage[0].item_id]}")
 
     async def _run(self, leases: list[queue.Lease]) -> tuple[
             dict[str, BaseException], list[feed.FeedRow], list[Any]]:
@@ -193,7 +206,10 @@ class StageWorker:
                 ctx = StageContext(lease.item_id, self.stage, priority, doc_type,
                                    lease.document, conn, self.runtime)
                 started = time.perf_counter()
-                await self.handler(ctx)
+                try:
+                    await self.handler(ctx)
+                except Exception as exc:
+                    raise HandlerFailed(exc) from exc
                 metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
                 callbacks += ctx.after_commit
                 done.append(lease)
@@ -267,6 +283,8 @@ class StageWorker:
                 await queue.release(self.runtime.durable, lease)
 
     async def _fail(self, lease: queue.Lease, exc: BaseException) -> None:
+        if isinstance(exc, HandlerFailed):
+            exc = exc.cause
         dead = isinstance(exc, PermanentError)
         reason = f"{'permanent: ' if dead else ''}{type(exc).__name__}: {exc}"
         log.info("%s %s failed: %s", self.stage, lease.item_id, reason)
@@ -278,6 +296,27 @@ class StageWorker:
             backoff_cap_ms=int(self.config.backoff_cap * 1000))
         if outcome.dead:
             metrics.DEAD_LETTERED.labels(self.stage).inc()
+
+
+class HandlerFailed(Exception):
+    """The stage handler raised (as opposed to the worker's own store calls)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class StoreOutage(Exception):
+    """A store failed under the whole batch; the items were released."""
+
+
+_OUTAGE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
+                  asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
+
+
+def _is_outage(exc: BaseException | None) -> bool:
+    """A store error outside the handler; errors raised by handlers always count."""
+    return isinstance(exc, _OUTAGE_ERRORS)
 
 
 def _current_cancelled() -> bool:

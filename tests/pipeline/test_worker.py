@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import DEFAULTS, StageContext
 from gateway.pipeline.runner import run_workers
@@ -154,3 +156,40 @@ async def test_one_bad_item_in_a_batch_holds_back_no_other(runtime):
     assert sorted(r["item_id"] for r in edges) == ["a", "b", "c"]  # bad's write rolled back
     journal = await runtime.pg.fetch("SELECT DISTINCT item_id FROM pipeline_journal")
     assert sorted(r["item_id"] for r in journal) == ["a", "b", "c"]
+
+
+
+class _CountingPool:
+    """A pool whose server is gone, counting how often the worker tried it."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.attempts = 0
+
+    def acquire(self):
+        self.attempts += 1
+        return self.pool.acquire()
+
+
+async def test_postgres_outage_releases_items_without_counting_failures(runtime):
+    from gateway import embedded
+    from gateway.runtime import Runtime
+
+    dead_pg = await asyncpg.create_pool(
+        f"postgresql://nobody@127.0.0.1:{embedded.free_port()}/none", min_size=0)
+    counting = _CountingPool(dead_pg)
+    broken = Runtime(runtime.settings, runtime.durable, runtime.cache, counting)
+    await queue.enqueue(runtime.durable, "a", {"text": "x"})
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(broken, stop, stages=("store",), concurrency=1,
+                                           config=FAST))
+    try:
+        await wait_until(lambda: counting.attempts >= 3, timeout=10,
+                         message="three attempts against the dead server")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await dead_pg.close()
+    lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
+    assert lease is not None and lease.failures == 0 and lease.reclaims == 0
+    assert await runtime.durable.llen(dead_key("store")) == 0
