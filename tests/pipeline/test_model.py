@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from redis.cluster import RedisCluster
 
 from gateway.pipeline import queue
 from gateway.pipeline.scripts import NAMES, source
@@ -44,11 +46,18 @@ class Item:
     old_tokens: list[str] = field(default_factory=list)
 
 
+def _client(url: str) -> Any:
+    """A synchronous client on the same topology the suite runs on."""
+    if url.split("://", 1)[0].endswith("+cluster"):
+        return RedisCluster.from_url(url.replace("+cluster", "", 1), decode_responses=True)
+    return redis.Redis.from_url(url, decode_responses=True, protocol=2)
+
+
 def make_machine(url: str) -> type[RuleBasedStateMachine]:
     class Scripts(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.r = redis.Redis.from_url(url, decode_responses=True, protocol=2)
+            self.r = _client(url)
             self.r.flushall()
             self.s = {name: self.r.register_script(source(name)) for name in NAMES}
             self.items: dict[str, Item] = {}
