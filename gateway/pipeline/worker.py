@@ -67,7 +67,8 @@ class WorkerConfig:
                    max_reclaims=settings.max_reclaims, max_failures=settings.max_failures,
                    backoff=float(section.get("backoff_seconds", 1.0)),
                    backoff_cap=float(section.get("backoff_cap_seconds", 300.0)),
-                   batch=max(1, int(section.get("batch", 8))))
+                   batch=max(1, int(section.get("batch", 8))),
+                   shutdown_grace=float(section.get("shutdown_grace_seconds", 20.0)))
 
     @property
     def lease_ms(self) -> int:

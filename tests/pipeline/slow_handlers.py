@@ -11,3 +11,8 @@ async def store_then_hang(ctx: StageContext) -> None:
     """Persist like the default, then never finish: the test kills the process meanwhile."""
     await store(ctx)
     await asyncio.sleep(3600)
+
+
+async def chunk_forever(ctx: StageContext) -> None:
+    """Never finishes: SIGTERM must release the item after the grace period."""
+    await asyncio.sleep(3600)
