@@ -10,10 +10,10 @@ import logging
 from collections.abc import Sequence
 
 from gateway.config import Settings
-from gateway.pipeline import metrics, queue
+from gateway.pipeline import queue
 from gateway.pipeline.handlers import Handler, load_handlers
 from gateway.pipeline.stages import STAGES
-from gateway.pipeline.status import queue_depths
+from gateway.pipeline.status import refresh_depth_gauges
 from gateway.pipeline.worker import StageWorker, WorkerConfig
 from gateway.runtime import Runtime, open_runtime
 from gateway.serve import Service, install_stop_signals
@@ -31,10 +31,7 @@ async def reclaim_loop(runtime: Runtime, stop: asyncio.Event, config: WorkerConf
                 if back or dead:
                     log.warning("reclaimed %d and dead-lettered %d expired leases in %s",
                                 back, dead, stage)
-            depths = await queue_depths(runtime.durable)
-            for stage, counts in depths["stages"].items():
-                for state, count in counts.items():
-                    metrics.DEPTH.labels(stage, state).set(count)
+            await refresh_depth_gauges(runtime.durable)
         except Exception as exc:
             log.warning("reclaim pass failed: %s", exc)
         with contextlib.suppress(TimeoutError):

@@ -74,3 +74,13 @@ async def queue_depths(durable: AnyRedis) -> dict[str, Any]:
         ready, inflight, delayed, dead = counts[4 * i: 4 * i + 4]
         stages[stage] = {"ready": ready, "inflight": inflight, "delayed": delayed, "dead": dead}
     return {"stages": stages}
+
+
+async def refresh_depth_gauges(durable: AnyRedis) -> None:
+    """Copy the queue depths into the ``gateway_pipeline_queue_depth`` gauges."""
+    from gateway.pipeline import metrics
+
+    depths = await queue_depths(durable)
+    for stage, counts in depths["stages"].items():
+        for state, count in counts.items():
+            metrics.DEPTH.labels(stage, state).set(count)

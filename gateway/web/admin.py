@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
-from gateway.pipeline.status import queue_depths
+from gateway.pipeline.status import queue_depths, refresh_depth_gauges
 from gateway.runtime import Runtime
 from gateway.web.auth import admin_only
 from gateway.web.errors import ApiError
@@ -64,7 +67,27 @@ async def requeue(request: web.Request) -> web.Response:
     return web.json_response({"stage": stage, "requeued": ids})
 
 
+DEPTH_REFRESH_SECONDS = 5.0
+
+
+async def _depth_gauges(app: web.Application) -> AsyncIterator[None]:
+    """Keep the queue-depth gauges of this process's ``/metrics`` current (workers do the
+    same in theirs)."""
+    async def refresh() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await refresh_depth_gauges(app[RUNTIME].durable)
+            await asyncio.sleep(DEPTH_REFRESH_SECONDS)
+
+    task = asyncio.create_task(refresh())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
+    app.cleanup_ctx.append(_depth_gauges)
     app.router.add_get("/v1/admin/queues", queues)
     app.router.add_get("/v1/admin/deadletter/{stage}", dead_letters)
     app.router.add_post("/v1/admin/deadletter/{stage}/requeue", requeue)

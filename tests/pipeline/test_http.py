@@ -8,6 +8,7 @@ from gateway.pipeline import deadletter, queue, search
 from gateway.pipeline.handlers import StageContext, chunk, embed, store
 from gateway.pipeline.stages import dead_key, doc_key, meta_key, ready_key
 from tests.conftest import TEST_ADMIN_TOKEN
+from tests.helpers import wait_until
 
 AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
@@ -141,3 +142,16 @@ def _metric(result: str) -> float:
     return REGISTRY.get_sample_value("gateway_search_cache_total", {"result": result}) or 0.0
 
 
+
+
+async def test_metrics_expose_queue_depth_and_counters(runtime, make_client):
+    await queue.enqueue(runtime.durable, "m1", {"text": "x"})
+    await queue.enqueue(runtime.durable, "m2", {"text": "y"})
+    client = await make_client(_app(runtime))
+
+    async def scraped() -> bool:
+        text = await (await client.get("/metrics")).text()
+        return ('gateway_pipeline_queue_depth{stage="store",state="ready"} 2.0' in text
+                and "gateway_pipeline_enqueued_total" in text)
+
+    await wait_until(scraped, timeout=10, message="depth gauge in /metrics")
