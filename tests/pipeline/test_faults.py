@@ -184,3 +184,22 @@ async def test_concurrent_workers_never_hold_the_same_item(runtime):
     workers_used = await runtime.pg.fetchval(
         "SELECT count(DISTINCT worker) FROM pipeline_journal")
     assert workers_used == 3
+
+
+async def test_script_flush_while_workers_run(runtime):
+    ids = [f"f{i}" for i in range(200)]
+    for item_id in ids:
+        await queue.enqueue(runtime.durable, item_id, {"text": f"text {item_id}"})
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
+    try:
+        for target in (20, 60, 120):
+            await wait_until(lambda t=target: _stage_count(runtime, "store", t), timeout=30,
+                             message=f"{target} items stored")
+            await runtime.durable.script_flush()
+        await wait_until(lambda: _finished(runtime, len(ids)), timeout=60,
+                         message="every item through graph")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    await _exactly_once(runtime, ids)
