@@ -130,7 +130,10 @@ def resolve(spec: str) -> Handler:
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
         raise ValueError(f"handler must be 'module:function', got {spec!r}")
-    function = getattr(importlib.import_module(module_name), name)
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load handler {spec!r}: {exc}") from None
     if not callable(function):
         raise ValueError(f"handler {spec!r} is not callable")
     return function

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Sequence
 
 from gateway.config import Settings
@@ -79,4 +80,10 @@ async def _main(settings: Settings, stages: Sequence[str], concurrency: int) -> 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1:
         raise SystemExit("gateway worker: --concurrency must be >= 1")
+    try:
+        load_handlers(settings.section("pipeline"))
+    except ValueError as exc:
+        print(f"gateway worker: configuration error: [pipeline.handlers]: {exc}",
+              file=sys.stderr)
+        return 2
     return asyncio.run(_main(settings, list(args.stages), args.concurrency))

@@ -11,10 +11,12 @@ from gateway.pipeline import queue
 from gateway.pipeline.stages import dead_key, ready_key
 
 
-async def _gateway(servers, *args: str) -> tuple[int, str]:
+async def _gateway(servers, *args: str, config: str | None = None) -> tuple[int, str]:
     env = {**os.environ, "GATEWAY_DURABLE_URL": servers.durable_url,
            "GATEWAY_CACHE_URL": servers.cache_url, "GATEWAY_DATABASE_URL": servers.database_url}
     env.pop("GATEWAY_CONFIG", None)
+    if config:
+        env["GATEWAY_CONFIG"] = config
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
@@ -58,3 +60,10 @@ async def test_recover_command_reports_and_requeues(runtime, servers):
     assert lease is not None and lease.item_id == "x" and (lease.base, lease.bonus) == (50, 3)
     assert (await queue.job_status(runtime, "x"))["stages"] == {
         "store": "done", "chunk": "done", "embed": "running", "graph": "pending"}
+
+
+async def test_worker_refuses_a_bad_handler_setting(runtime, servers, tmp_path):
+    config = tmp_path / "gateway.toml"
+    config.write_text('[pipeline.handlers]\nembed = "no.such.module:embed"\n')
+    code, out = await _gateway(servers, "worker", config=str(config))
+    assert code == 2 and "[pipeline.handlers]" in out and "no.such" in out
