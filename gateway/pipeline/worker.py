@@ -173,8 +173,8 @@ class StageWorker:
             rows, callbacks = await self._transaction(leases)
             return {}, rows, callbacks
         except Exception as exc:
-            if len(leases) == 1:
-                return {leases[0].item_id: exc}, [], []
+            if len(leases) == 1 or _is_outage(exc):  # a store outage fails every item alike
+                return dict.fromkeys((lease.item_id for lease in leases), exc), [], []
             log.info("%s: batch of %d rolled back (%s: %s); one item per transaction",
                      self.stage, len(leases), type(exc).__name__, exc)
         errors: dict[str, BaseException] = {}
