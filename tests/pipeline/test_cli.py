@@ -54,6 +54,11 @@ async def test_recover_command_reports_and_requeues(runtime, servers):
         " VALUES ('x', 'store', 'w', 'high', 'code'), ('x', 'chunk', 'w', 'high', 'code'),"
         " ('done', 'store', 'w', 'normal', 'other'), ('done', 'chunk', 'w', 'normal', 'other'),"
         " ('done', 'embed', 'w', 'normal', 'other'), ('done', 'graph', 'w', 'normal', 'other')")
+    # Journaled but absent from Redis: reported where recover will put it back.
+    assert await queue.job_status(runtime, "x") == {"item_id": "x", "state": "running", "stages": {
+        "store": "done", "chunk": "done", "embed": "queued", "graph": "pending"}}
+    assert (await queue.job_status(runtime, "done"))["state"] == "done"
+    assert await queue.job_status(runtime, "never") is None
     code, out = await _gateway(servers, "recover")
     assert code == 0 and "1 re-enqueued" in out
     lease = await queue.fetch(runtime.durable, "embed", "w", 60_000)
