@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway import keys
 
 STAGES: tuple[str, ...] = ("store", "chunk", "embed", "graph")
@@ -41,26 +43,18 @@ def doc_key() -> str:
     return keys.q("doc")
 
 
-# Per-stage keys.
-def ready_key(stage: str) -> str:
-    return keys.q("ready", stage)
+# Per-stage keys: q:{pipeline}:<kind>:<stage>.
+def _per_stage(kind: str, doc: str) -> Callable[[str], str]:
+    def key(stage: str) -> str:
+        return keys.q(kind, stage)
+    key.__name__ = f"{kind}_key"
+    key.__doc__ = doc
+    return key
 
 
-def lease_key(stage: str) -> str:
-    return keys.q("lease", stage)
-
-
-def deadline_key(stage: str) -> str:
-    return keys.q("deadline", stage)
-
-
-def delayed_key(stage: str) -> str:
-    return keys.q("delayed", stage)
-
-
-def dead_key(stage: str) -> str:
-    return keys.q("dead", stage)
-
-
-def stats_key(stage: str) -> str:
-    return keys.q("stats", stage)
+ready_key = _per_stage("ready", "ZSET item -> score; lower pops first.")
+lease_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")
+deadline_key = _per_stage("deadline", "ZSET item -> lease deadline ms (RECLAIM's index).")
+delayed_key = _per_stage("delayed", "ZSET item -> ms when a retry becomes due.")
+dead_key = _per_stage("dead", "LIST of dead-letter JSON entries.")
+stats_key = _per_stage("stats", "HASH of enqueued/completed/failed/reclaimed/dead counters.")

@@ -4,10 +4,12 @@ mid-run, durable Redis wiped then `gateway recover`, concurrent workers never sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -22,6 +24,18 @@ from tests.helpers import wait_until
 
 FAST = WorkerConfig(lease=1.5, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
                     backoff_cap=0.2, idle_max=0.05, shutdown_grace=5, batch=4)
+
+
+@contextlib.asynccontextmanager
+async def _workers(runtime, **kwargs) -> AsyncIterator[None]:
+    """Workers for all (or the given) stages while the block runs, then a graceful stop."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(runtime, stop, **{"config": FAST, **kwargs}))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
 
 
 async def _journal(runtime) -> Counter[tuple[str, str]]:
@@ -70,13 +84,8 @@ async def test_kill_9_worker_mid_item_is_reclaimed_and_completed_once(runtime, s
         await asyncio.wait_for(proc.wait(), 10)
     # Its lease expires (no more heartbeats); RECLAIM runs in this process's workers, which
     # then complete the item with the default handlers.
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=1))
-    try:
+    async with _workers(runtime, concurrency=1):
         await wait_until(lambda: _finished(runtime, 1), timeout=30, message="completion")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     await _exactly_once(runtime, ["victim"])
     assert int(await runtime.durable.hget(stats_key("store"), "reclaimed")) == 1
     assert int(await runtime.durable.hget(stats_key("chunk"), "enqueued")) == 1
@@ -98,18 +107,13 @@ async def test_durable_restart_mid_run_loses_nothing(runtime, servers, redis_fac
     try:
         for item_id in ids:
             await queue.enqueue(rt.durable, item_id, {"text": f"item {item_id} #t"})
-        stop = asyncio.Event()
-        task = asyncio.create_task(run_workers(rt, stop, config=FAST, concurrency=4))
-        try:
+        async with _workers(rt, concurrency=4):
             await wait_until(lambda: _finished(runtime, 1), timeout=30, message="progress")
             await asyncio.to_thread(server.restart)
             done_at_restart = await runtime.pg.fetchval(
                 "SELECT count(*) FROM pipeline_journal WHERE stage = 'graph'")
             await wait_until(lambda: _finished(runtime, len(ids)), timeout=60,
                              message="every item through graph")
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
         await _exactly_once(runtime, ids)
         assert done_at_restart < len(ids)  # the restart really happened mid-run
     finally:
@@ -122,28 +126,17 @@ async def test_wiped_durable_is_rebuilt_by_recover(runtime):
         await queue.enqueue(runtime.durable, item_id, {"text": f"text of {item_id}"})
     # Only store and chunk run, then Redis is wiped with items at chunk and embed. (Items not
     # yet stored had their payload only in Redis: recover cannot rebuild those.)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, stages=("store", "chunk"),
-                                           config=FAST, concurrency=2))
-    try:
+    async with _workers(runtime, stages=("store", "chunk"), concurrency=2):
         await wait_until(lambda: _stage_count(runtime, "store", len(ids)), timeout=20,
                          message="every item stored")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     await runtime.durable.flushall()
     report = await recover(runtime)
     assert report.requeued == len(ids) and report.present == 0
     again = await recover(runtime)  # idempotent: everything is present now
     assert again.requeued == 0 and again.present == len(ids)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
-    try:
+    async with _workers(runtime, concurrency=2):
         await wait_until(lambda: _finished(runtime, len(ids)), timeout=30,
                          message="all items finished")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     await _exactly_once(runtime, ids)
 
 
@@ -190,16 +183,11 @@ async def test_script_flush_while_workers_run(runtime):
     ids = [f"f{i}" for i in range(200)]
     for item_id in ids:
         await queue.enqueue(runtime.durable, item_id, {"text": f"text {item_id}"})
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
-    try:
+    async with _workers(runtime, concurrency=2):
         for target in (20, 60, 120):
             await wait_until(lambda t=target: _stage_count(runtime, "store", t), timeout=30,
                              message=f"{target} items stored")
             await runtime.durable.script_flush()
         await wait_until(lambda: _finished(runtime, len(ids)), timeout=60,
                          message="every item through graph")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
     await _exactly_once(runtime, ids)
