@@ -7,7 +7,9 @@ import json
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from redis.asyncio.cluster import RedisCluster
 
+from gateway.redis_clients import AnyRedis
 from gateway.runtime import Runtime
 from gateway.web.keys import READINESS, ReadinessCheck
 
@@ -49,12 +51,19 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _ping_every_node(client: AnyRedis) -> bool:
+    """On a cluster, every primary must answer: one down primary loses a slot range."""
+    if isinstance(client, RedisCluster):
+        return bool(await client.ping(target_nodes=RedisCluster.PRIMARIES))
+    return bool(await client.ping())
+
+
 def store_checks(runtime: Runtime) -> dict[str, ReadinessCheck]:
     async def durable() -> tuple[bool, str]:
-        return bool(await runtime.durable.ping()), "redis-durable answers"
+        return await _ping_every_node(runtime.durable), "redis-durable answers"
 
     async def cache() -> tuple[bool, str]:
-        return bool(await runtime.cache.ping()), "redis-cache answers"
+        return await _ping_every_node(runtime.cache), "redis-cache answers"
 
     async def postgres() -> tuple[bool, str]:
         return await runtime.pg.fetchval("SELECT 1", timeout=CHECK_TIMEOUT) == 1, "postgres answers"

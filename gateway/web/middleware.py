@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 from aiohttp import web
@@ -37,6 +39,18 @@ def make_size_limit(max_bytes: int) -> Middleware:
     return size_limit
 
 
+@functools.lru_cache(maxsize=4096)
+def _children(route: str, status: int) -> tuple[Any, Any]:
+    """Prometheus label lookups cost a few µs each; routes times statuses is a small set."""
+    return HTTP_REQUESTS.labels(route, str(status)), HTTP_LATENCY.labels(route)
+
+
+def _observe(route: str, status: int, seconds: float) -> None:
+    requests, latency = _children(route, status)
+    requests.inc()
+    latency.observe(seconds)
+
+
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
@@ -65,6 +79,5 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         else:
             log.warning("store refused on %s: %s", route, type(exc).__name__)
             response = json_error(mapped.status, mapped.code, mapped.detail, mapped.headers)
-    HTTP_REQUESTS.labels(route, str(response.status)).inc()
-    HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+    _observe(route, response.status, time.perf_counter() - started)
     return response
