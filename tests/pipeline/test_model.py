@@ -217,6 +217,7 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
 
 
 @pytest.mark.slow
+@pytest.mark.single_instance  # drives the scripts over a plain redis.Redis connection
 def test_scripts_match_the_model(servers):
     machine = make_machine(servers.durable_url)
     run_state_machine_as_test(machine, settings=settings(
