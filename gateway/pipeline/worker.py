@@ -214,10 +214,11 @@ class StageWorker:
                 metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
                 callbacks += ctx.after_commit
                 done.append(lease)
-            # Feed rows last: appending locks the topic's counter row until the commit.
-            rows = [await feed.append(conn, FEED_TOPIC, self.stage,
-                                      {"item_id": lease.item_id, "stage": self.stage})
-                    for lease in done]
+            # Feed rows last, one statement for the batch: appending locks the topic's
+            # counter row until the commit, so the locked section is this round trip + commit.
+            rows = await feed.append_many(conn, FEED_TOPIC, [
+                (self.stage, {"item_id": lease.item_id, "stage": self.stage})
+                for lease in done])
         return rows, callbacks
 
     async def _publish(self, rows: list[feed.FeedRow]) -> None:
