@@ -73,18 +73,32 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
     return PRIORITY_BASE[priority], TYPE_BONUS[doc_type]
 
 
+# add_call runs on every inbound request that enqueues (webhooks, /v1/jobs): everything that
+# does not depend on the item is built once here, not per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
+                  for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
+_ADD_KEYS = {stage: (seen_key(), meta_key(), doc_key(), ready_key(stage), stats_key(stage))
+             for stage in STAGES}
+_WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_BATCH)
+
+
 def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "normal",
              doc_type: str = "other", *, stage: str = "store",
              force: bool = False) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``."""
     if not item_id or not isinstance(item_id, str):
         raise ValueError("item_id must be a non-empty string")
-    base, bonus = _priority(priority, doc_type)
-    check_stage(stage)
-    payload = "" if document is None else json.dumps(document, separators=(",", ":"))
-    keys = [seen_key(), meta_key(), doc_key(), ready_key(stage), stats_key(stage)]
-    args = [item_id, payload, str(base), str(bonus), str(DEDUP_WINDOW_MS),
-            "1" if force else "0", stage, str(EPOCH_MS), str(TRIM_BATCH)]
+    try:
+        base, bonus = _PRIORITY_ARGS[priority, doc_type]
+        keys = list(_ADD_KEYS[stage])
+    except (KeyError, TypeError):
+        _priority(priority, doc_type)  # raises the precise error
+        check_stage(stage)
+        raise
+    payload = "" if document is None else _ENCODE(document)
+    args = [item_id, payload, base, bonus, _WINDOW_ARG, "1" if force else "0", stage,
+            _EPOCH_ARG, _TRIM_ARG]
     return keys, args
 
 
