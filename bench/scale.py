@@ -1,0 +1,330 @@
+"""Scale benchmark (issue 8 §4): throughput with several ``gateway worker`` and ``gateway
+serve`` processes, on one Redis per role and on local three-master clusters, with the ratio
+to one process and where the CPU went.
+
+* pipeline: ``--items`` documents (default handlers) through store -> chunk -> embed ->
+  graph, with 1, 2 and 4 worker processes; the clock runs from the first enqueue to the last
+  graph completion, the workers being up (their start-up line logged) before it starts.
+* ingest: signed webhooks per second with 1 and 2 serve processes, one ``wrk`` per process
+  (bench/ingest.py's script, signer and parser), each with ``--connections`` / processes.
+
+Every configuration runs in this one invocation on the same machine, so ratios compare like
+with like. CPU is read from /proc for the gateway processes, the Redis nodes (all nodes of a
+cluster) and PostgreSQL (postmaster and its backends) over the measured window.
+
+    python bench/scale.py [--items 3000] [--duration 5] [--workers 1,2,4] [--serves 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import ingest
+from gateway import embedded, redis_clients
+from gateway.pipeline import queue
+from gateway.pipeline.stages import stats_key
+from gateway.store.migrate import migrate_url
+from tests.topology import LocalCluster
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (PostgreSQL's backends)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        total += ingest.cpu_seconds(pid)
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total += sum(tree_cpu(int(child)) for child in children)
+    return total
+
+
+@dataclass
+class Stores:
+    """One topology's stores: URLs plus the pids whose CPU counts as Redis / PostgreSQL."""
+
+    name: str
+    durable_url: str
+    cache_url: str
+    database_url: str
+    redis_pids: list[int]
+    pg_pid: int
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GATEWAY_DURABLE_URL": self.durable_url,
+                "GATEWAY_CACHE_URL": self.cache_url, "GATEWAY_DATABASE_URL": self.database_url,
+                "GATEWAY_HOST": "127.0.0.1", "GATEWAY_WEBHOOK_SECRETS": f"bench={ingest.SECRET}"}
+
+
+@dataclass
+class Cpu:
+    """CPU seconds per component over one measured window."""
+
+    gateway: float
+    redis: float
+    postgres: float
+    machine: float = 0.0
+    wrk: float = 0.0
+
+    def line(self, wall: float) -> str:
+        load = f"  wrk {self.wrk / wall:4.0%}" if self.wrk else ""
+        return (f"CPU: gateway {self.gateway / wall:4.0%}  redis {self.redis / wall:4.0%}  "
+                f"postgres {self.postgres / wall:4.0%}{load} (of one core); machine busy "
+                f"{self.machine / wall:4.0%} of {os.cpu_count()} cores")
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores spent not idle (first line of /proc/stat): other engineers'
+    processes included, which is what a shared machine leaves us."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / CLK
+
+
+class CpuMeter:
+    def __init__(self, stores: Stores, pids: Sequence[int]) -> None:
+        self.stores, self.pids = stores, list(pids)
+        self.start = self._read()
+
+    def _read(self) -> Cpu:
+        return Cpu(sum(ingest.cpu_seconds(p) for p in self.pids),
+                   sum(ingest.cpu_seconds(p) for p in self.stores.redis_pids),
+                   tree_cpu(self.stores.pg_pid), machine_busy())
+
+    def stop(self) -> Cpu:
+        end = self._read()
+        return Cpu(end.gateway - self.start.gateway, end.redis - self.start.redis,
+                   end.postgres - self.start.postgres, end.machine - self.start.machine)
+
+
+@contextlib.contextmanager
+def gateway_processes(runs: Sequence[tuple[dict[str, str], list[str]]], env: dict[str, str],
+                      root: Path, tag: str) -> Iterator[list[int]]:
+    """Several ``gateway`` processes (bench/ingest.py's process manager): (extra env, argv)
+    each; yields their pids."""
+    with contextlib.ExitStack() as stack:
+        pids = []
+        for n, (extra, argv) in enumerate(runs):
+            proc = stack.enter_context(ingest.process(
+                [sys.executable, "-m", "gateway.cli", *argv], {**env, **extra},
+                root / f"{tag}-{n}.log"))
+            pids.append(proc.pid)
+        yield pids
+
+
+def wait_logged(logs: Sequence[Path], text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(log.exists() and text in log.read_text(errors="replace") for log in logs):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: {text!r} not logged by every process within {timeout} s")
+        time.sleep(0.05)
+
+
+async def _reset(stores: Stores) -> None:
+    for url in (stores.durable_url, stores.cache_url):
+        client = redis_clients.connect(url, variable="bench")
+        await client.flushall()
+        await client.aclose()
+    import asyncpg
+
+    conn = await asyncpg.connect(stores.database_url)
+    await conn.execute("TRUNCATE pipeline_journal, pipeline_documents, pipeline_chunks, "
+                       "pipeline_edges, feed, feed_topics")
+    await conn.close()
+
+
+_WAITS = """
+SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') AS locked,
+       count(*) FILTER (WHERE state = 'active') AS active
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
+async def sample_locks(database_url: str, done: asyncio.Event) -> tuple[float, float]:
+    """Mean PostgreSQL backends (active, waiting on a lock) every 20 ms: how many workers'
+    transactions queue behind the ``pipeline`` feed topic's counter row."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    samples: list[tuple[int, int]] = []
+    try:
+        while not done.is_set():
+            row = await conn.fetchrow(_WAITS)
+            samples.append((row["active"], row["locked"]))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.02)
+    finally:
+        await conn.close()
+    count = max(1, len(samples))
+    return sum(a for a, _ in samples) / count, sum(w for _, w in samples) / count
+
+
+async def _enqueue_and_wait(stores: Stores, items: int,
+                            tag: str) -> tuple[float, tuple[float, float]]:
+    durable = redis_clients.connect(stores.durable_url, variable="bench")
+    done = asyncio.Event()
+    sampler = asyncio.create_task(sample_locks(stores.database_url, done))
+    try:
+        started = time.perf_counter()
+        for first in range(0, items, 500):
+            async with durable.pipeline(transaction=False) as pipe:
+                for i in range(first, min(items, first + 500)):
+                    await queue.queue_add(pipe, f"{tag}-{i}", {
+                        "text": f"Document {i}: see https://docs.test/{i} #scale @bench "
+                                + "lorem ipsum " * 20})
+                await pipe.execute()
+        # Polling a counter every 20 ms is the measurement, not synchronisation.
+        while int(await durable.hget(stats_key("graph"), "completed") or 0) < items:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        done.set()
+        return elapsed, await sampler
+    finally:
+        done.set()
+        await durable.aclose()
+
+
+def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
+                 root: Path) -> tuple[float, Cpu, float, tuple[float, float]]:
+    asyncio.run(_reset(stores))
+    tag = f"pipe-{stores.name}-{workers}"
+    runs = [({}, ["worker", "--concurrency", str(concurrency)])] * workers
+    with gateway_processes(runs, stores.env(), root, tag) as pids:
+        wait_logged([root / f"{tag}-{n}.log" for n in range(workers)], "worker: stages")
+        meter = CpuMeter(stores, pids)
+        elapsed, waits = asyncio.run(_enqueue_and_wait(stores, items, tag))
+        cpu = meter.stop()
+    return items / elapsed, cpu, elapsed, waits
+
+
+def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
+               root: Path) -> tuple[float, Cpu, dict[int, int]]:
+    asyncio.run(_reset(stores))
+    tag = f"ingest-{stores.name}-{serves}"
+    ports = [embedded.free_port() for _ in range(serves)]
+    runs = [({"GATEWAY_PORT": str(port)}, ["serve"]) for port in ports]
+    timestamp = int(time.time())
+    script, body = root / "signed.lua", root / "body.json"
+    script.write_text(ingest.WRK_SCRIPT)
+    body.write_bytes(ingest.BODY)
+    per_conn = max(1, args.connections // serves)
+    with gateway_processes(runs, stores.env(), root, tag) as pids:
+        for port in ports:
+            ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
+        ids = []
+        for n, port in enumerate(ports):
+            warm, measure = root / f"{tag}-warm-{n}", root / f"{tag}-ids-{n}"
+            ingest.sign_file(warm, f"{tag}-w{n}", 20_000, timestamp)
+            ingest.sign_file(measure, f"{tag}-m{n}", args.ids, timestamp)
+            ids.append((port, warm, measure))
+
+        def load(phase: int, seconds: int, meter_box: list[Any]) -> list[ingest.Result]:
+            results: list[ingest.Result] = [None] * serves  # type: ignore[list-item]
+
+            def one(n: int) -> None:
+                port, warm, measure = ids[n]
+                results[n] = ingest.run_wrk(
+                    f"http://127.0.0.1:{port}/v1/webhooks/bench", script,
+                    (warm, measure)[phase], timestamp, body, seconds, per_conn,
+                    args.load_core, f"serve{n}")
+            threads = [threading.Thread(target=one, args=(n,)) for n in range(serves)]
+            meter_box.append(CpuMeter(stores, pids))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return results
+
+        load(0, args.warmup, [])
+        box: list[CpuMeter] = []
+        results = load(1, args.duration, box)
+        cpu = box[0].stop()
+    # Each wrk's share is read from RUSAGE_CHILDREN, which the concurrent wrks share: the
+    # largest reading is the closest to their total.
+    cpu.wrk = max(r.load_cpu for r in results) * args.duration
+    statuses: dict[int, int] = {}
+    for result in results:
+        for code, count in result.statuses.items():
+            statuses[code] = statuses.get(code, 0) + count
+    return sum(r.rps for r in results), cpu, statuses
+
+
+def start_stores(kind: str, root: Path, started: list[Any]) -> Stores:
+    pg = embedded.PostgresServer(root / kind / "pg" / "data").start()
+    started.append(pg)
+    asyncio.run(migrate_url(pg.url))
+    assert pg.proc is not None
+    if kind == "single":
+        redis = [embedded.RedisServer(role, root / kind / role, embedded.new_password()).start()
+                 for role in ("durable", "cache")]
+        started.extend(redis)
+        return Stores(kind, redis[0].url, redis[1].url, pg.url,
+                      [s.proc.pid for s in redis if s.proc], pg.proc.pid)
+    clusters = [LocalCluster(role, root / kind / role, embedded.new_password()).start()
+                for role in ("durable", "cache")]
+    started.extend(clusters)
+    return Stores(kind, clusters[0].url, clusters[1].url, pg.url,
+                  [n.proc.pid for c in clusters for n in c.nodes if n.proc], pg.proc.pid)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=4, help="per worker process")
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--serves", default="1,2")
+    parser.add_argument("--duration", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--connections", type=int, default=64, help="in total")
+    parser.add_argument("--ids", type=int, default=100_000, help="pre-signed ids per wrk")
+    parser.add_argument("--load-core", type=int, default=1)
+    parser.add_argument("--topologies", default="single,cluster")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("bench: needs wrk (apt-get install -y wrk)")
+    root = Path(tempfile.mkdtemp(prefix="gws-"))
+    started: list[Any] = []
+    print(f"{os.cpu_count()} cores; items={args.items} concurrency={args.concurrency}/worker; "
+          f"wrk -t1 on core {args.load_core}, {args.connections} connections in total, "
+          f"{args.duration} s")
+    try:
+        for kind in args.topologies.split(","):
+            stores = start_stores(kind, root, started)
+            base = 0.0
+            for workers in (int(w) for w in args.workers.split(",")):
+                rate, cpu, wall, (active, locked) = pipeline_run(
+                    stores, workers, args.items, args.concurrency, root)
+                base = base or rate
+                print(f"{kind:<7} pipeline {workers} worker(s): {rate:7.0f} items/s "
+                      f"(x{rate / base:4.2f})  {cpu.line(wall)}; PostgreSQL backends active "
+                      f"{active:4.1f}, waiting on a lock {locked:4.1f}", flush=True)
+            base = 0.0
+            for serves in (int(s) for s in args.serves.split(",")):
+                rps, cpu, statuses = ingest_run(stores, serves, args, root)
+                base = base or rps
+                codes = " ".join(f"{k}:{v}" for k, v in sorted(statuses.items()))
+                print(f"{kind:<7} ingest   {serves} serve(s):  {rps:7.0f} req/s   "
+                      f"(x{rps / base:4.2f})  {cpu.line(args.duration)}  {codes}", flush=True)
+    finally:
+        for server in reversed(started):
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
