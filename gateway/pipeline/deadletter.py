@@ -14,11 +14,11 @@ from gateway.pipeline.stages import (
     EPOCH_MS,
     check_stage,
     dead_key,
-    doc_key,
     meta_key,
     ready_key,
     stats_key,
 )
+from gateway.pipeline.status import payload_of
 from gateway.redis_clients import AnyRedis
 from gateway.runtime import open_runtime
 
@@ -57,7 +57,8 @@ async def purge(runtime: Any, stage: str, count: int = MAX_BATCH) -> int:
     if not entries or not _bounded(count):
         return 0
     parsed = [json.loads(e) for e in entries]
-    payloads = await durable.hmget(doc_key(), [p["item_id"] for p in parsed])
+    payloads = [payload_of(raw) for raw in
+                await durable.hmget(meta_key(), [p["item_id"] for p in parsed])]
     async with runtime.pg.acquire() as conn, conn.transaction():
         await conn.executemany(
             "INSERT INTO pipeline_dead_letters (item_id, stage, reason, entry, document)"
@@ -65,7 +66,7 @@ async def purge(runtime: Any, stage: str, count: int = MAX_BATCH) -> int:
             [(p["item_id"], stage, p.get("reason"), p,
               json.loads(doc) if doc else None) for p, doc in zip(parsed, payloads, strict=True)])
     return int(await scripts_for(durable).purge(
-        keys=[dead_key(stage), meta_key(), doc_key()], args=entries))
+        keys=[dead_key(stage), meta_key()], args=entries))
 
 
 async def _main(args: argparse.Namespace, settings: Settings) -> int:

@@ -27,7 +27,6 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
-    doc_key,
     lease_key,
     meta_key,
     next_stage,
@@ -78,7 +77,7 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
-_ADD_KEYS = {stage: (seen_key(), meta_key(), doc_key(), ready_key(stage), stats_key(stage))
+_ADD_KEYS = {stage: (seen_key(), meta_key(), ready_key(stage), stats_key(stage))
              for stage in STAGES}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_BATCH)
 
@@ -137,7 +136,7 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
 def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
                count: int = 1) -> tuple[list[str], list[str]]:
     keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
-            meta_key(), doc_key()]
+            meta_key()]
     return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count)]
 
 
@@ -181,7 +180,7 @@ async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResu
 
 def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list[str]]:
     after = next_stage(stage)
-    keys = [lease_key(stage), deadline_key(stage), meta_key(), doc_key(), stats_key(stage)]
+    keys = [lease_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
     if after:
         keys += [ready_key(after), stats_key(after)]
     args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]

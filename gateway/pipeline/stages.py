@@ -34,13 +34,9 @@ def seen_key() -> str:
 
 
 def meta_key() -> str:
-    """HASH item -> "stage|status|base|bonus|failures|reclaims" for every item in flight."""
+    """HASH item -> "stage|status|base|bonus|failures|reclaims|payload" for every item in
+    flight; payload = the document JSON until the store stage has persisted it, then ''."""
     return keys.q("meta")
-
-
-def doc_key() -> str:
-    """HASH item -> document JSON, until the store stage has persisted it to PostgreSQL."""
-    return keys.q("doc")
 
 
 # Per-stage keys: q:{pipeline}:<kind>:<stage>.

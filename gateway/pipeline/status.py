@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gateway.pipeline.stages import (
@@ -15,6 +16,21 @@ from gateway.pipeline.stages import (
 from gateway.redis_clients import AnyRedis
 
 _STAGE_STATE = {"q": "queued", "r": "running", "w": "retrying", "x": "dead"}
+
+
+def payload_of(raw: str | None) -> str | None:
+    """The document JSON inside a meta field (its 7th part), None when absent or dropped."""
+    if raw is None:
+        return None
+    parts = raw.split("|", 6)
+    return (parts[6] or None) if len(parts) == 7 else None
+
+
+async def document(durable: AnyRedis, item_id: str) -> dict[str, Any] | None:
+    """The payload an item carries until its store stage completes (None after, or unknown)."""
+    raw: str | None = await durable.hget(meta_key(), item_id)  # type: ignore[assignment]
+    payload = payload_of(raw)
+    return None if payload is None else dict(json.loads(payload))
 
 
 def _from_meta(item_id: str, raw: str) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from gateway import keys
 from gateway.adapters import signing
 from gateway.adapters.inbound import INBOUND
 from gateway.dedup import claims
-from gateway.pipeline.stages import doc_key, meta_key, ready_key
+from gateway.pipeline.stages import meta_key, ready_key
+from gateway.pipeline.status import document as stored_document
 from gateway.runtime import Runtime
 from tests.adapters.webhook_helpers import JSON, body_of, github, standard, stripe
 from tests.helpers import registry_violations
@@ -39,7 +40,7 @@ async def test_accepted_then_duplicate(client: Any, runtime: Runtime) -> None:
     assert (await again.json())["status"] == "duplicate"
 
     assert await queued(runtime) == {"webhook:demo:msg_1"}
-    document = json.loads(await runtime.durable.hget(doc_key(), "webhook:demo:msg_1"))
+    document = await stored_document(runtime.durable, "webhook:demo:msg_1")
     assert document["text"] == "Invoice 42 paid"
     assert document["title"] == "invoice.paid"
     assert document["url"] == "https://x.test/42"
@@ -57,7 +58,7 @@ async def test_body_without_text_is_kept_whole(client: Any, runtime: Runtime) ->
     body = body_of([1, {"a": "b"}])
     response = await client.post("/v1/webhooks/demo", data=body, headers=standard(body, "m2"))
     assert response.status == 202
-    document = json.loads(await runtime.durable.hget(doc_key(), "webhook:demo:m2"))
+    document = await stored_document(runtime.durable, "webhook:demo:m2")
     assert document["body"] == [1, {"a": "b"}]
     assert json.loads(document["text"]) == [1, {"a": "b"}]
 
@@ -66,7 +67,7 @@ async def test_escaped_surrogate_pairs_are_kept(client: Any, runtime: Runtime) -
     body = b'{"note": "\\ud83d\\ude00 a pair"}'
     response = await client.post("/v1/webhooks/demo", data=body, headers=standard(body, "sur"))
     assert response.status == 202
-    document = json.loads(await runtime.durable.hget(doc_key(), "webhook:demo:sur"))
+    document = await stored_document(runtime.durable, "webhook:demo:sur")
     assert document["body"] == {"note": "\U0001f600 a pair"}
 
 

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from gateway.pipeline import deadletter, queue, search
 from gateway.pipeline.handlers import StageContext, chunk, embed, store
-from gateway.pipeline.stages import dead_key, doc_key, meta_key, ready_key
+from gateway.pipeline.stages import dead_key, meta_key, ready_key
 from tests.conftest import TEST_ADMIN_TOKEN
 from tests.helpers import wait_until
 
@@ -76,7 +76,6 @@ async def test_purge_archives_then_drops(runtime):
     assert [(r["item_id"], r["reason"], r["document"]) for r in rows] == [
         ("a", "bad", {"text": "a"})]
     assert not await runtime.durable.hexists(meta_key(), "a")
-    assert not await runtime.durable.hexists(doc_key(), "a")
     assert await runtime.durable.hexists(meta_key(), "b")
     assert (await queue.job_status(runtime, "a"))["state"] == "dead"
     assert await deadletter.purge(runtime, "store", 0) == 0

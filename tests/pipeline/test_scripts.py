@@ -22,7 +22,7 @@ from gateway.pipeline.stages import (
     ready_key,
     seen_key,
 )
-from gateway.pipeline.status import queue_depths
+from gateway.pipeline.status import document, queue_depths
 from tests.helpers import registry_violations, wait_until
 
 DOC = {"text": "hello"}
@@ -89,10 +89,11 @@ async def test_complete_moves_through_all_stages_and_drops_payload(runtime):
         lease = await queue.fetch(durable, stage, "w1", 60_000)
         assert lease is not None and lease.item_id == "a"
         assert (lease.document == DOC) == (stage == "store")
+        assert (await document(durable, "a") == DOC) == (stage == "store")
         assert (lease.base, lease.bonus) == (50, 3)
         assert await queue.complete(durable, lease) is queue.LeaseResult.OK
     assert await durable.hlen(meta_key()) == 0
-    assert await durable.exists(keys.q("doc")) == 0
+    assert await document(durable, "a") is None
     depths = await queue_depths(durable)
     assert all(v == 0 for s in depths["stages"].values() for v in s.values())
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from gateway import keys
 from gateway.adapters.inbound import INBOUND
 from gateway.dedup import claims
-from gateway.pipeline.stages import doc_key, meta_key, ready_key
+from gateway.pipeline.stages import meta_key, ready_key
+from gateway.pipeline.status import document
 from gateway.runtime import Runtime
 from tests.helpers import registry_violations
 
@@ -31,7 +32,7 @@ async def test_job_with_id_is_idempotent(client: Any, runtime: Runtime) -> None:
     assert await again.json() == {"status": "duplicate", "item_id": "doc-42"}
 
     assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["doc-42"]
-    assert json.loads(await runtime.durable.hget(doc_key(), "doc-42")) == DOC
+    assert await document(runtime.durable, "doc-42") == DOC
     # high (50) minus the api_docs bonus (5): "stage|status|base|bonus|failures|reclaims"
     stage, status, base, bonus, *_ = (await runtime.durable.hget(meta_key(), "doc-42")).split("|")
     assert (stage, status, float(base), float(bonus)) == ("store", "q", 50, 5)

@@ -1,5 +1,7 @@
 -- Shared prelude, prepended to every pipeline script by gateway/pipeline/scripts.py.
--- Per-item metadata lives in one hash field: "stage|status|base|bonus|failures|reclaims".
+-- Per-item metadata lives in one hash field:
+-- "stage|status|base|bonus|failures|reclaims|payload", payload (the document JSON, or '')
+-- last and until the store stage completes: one hash entry per item instead of two.
 -- status: q queued, r running (leased), w waiting for a retry, x dead.
 local function now_ms()
   local t = redis.call('TIME')
@@ -9,15 +11,15 @@ end
 local function meta_get(key, item)
   local raw = redis.call('HGET', key, item)
   if not raw then return nil end
-  local st, s, base, bonus, f, r =
-    string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  local st, s, base, bonus, f, r, payload =
+    string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$')
   return {stage = st, status = s, base = tonumber(base), bonus = tonumber(bonus),
-          failures = tonumber(f), reclaims = tonumber(r)}
+          failures = tonumber(f), reclaims = tonumber(r), payload = payload}
 end
 
 local function meta_put(key, item, m)
   redis.call('HSET', key, item, m.stage .. '|' .. m.status .. '|' .. m.base .. '|' ..
-             m.bonus .. '|' .. m.failures .. '|' .. m.reclaims)
+             m.bonus .. '|' .. m.failures .. '|' .. m.reclaims .. '|' .. m.payload)
 end
 
 -- base - bonus + 0.001 * (t - EPOCH) with t in seconds; epoch and now in milliseconds.

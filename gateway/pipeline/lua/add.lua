@@ -1,5 +1,5 @@
 -- ADD: enqueue an item into a stage unless it was seen within the dedup window.
--- KEYS: seen(zset item->first seen ms), meta, doc, ready(stage), stats(stage)
+-- KEYS: seen(zset item->first seen ms), meta, ready(stage), stats(stage)
 -- ARGV: item, payload ('' = none), base, bonus, window_ms, force(0|1), stage, epoch_ms,
 --       trim_batch
 -- force=1 (recover, requeue) skips the seen check but never duplicates a present item.
@@ -13,9 +13,8 @@ if ARGV[6] ~= '1' and redis.call('ZSCORE', KEYS[1], item) then return 0 end
 if redis.call('HEXISTS', KEYS[2], item) == 1 then return 0 end
 redis.call('ZADD', KEYS[1], 'NX', now, item)
 local m = {stage = ARGV[7], status = 'q', base = tonumber(ARGV[3]), bonus = tonumber(ARGV[4]),
-           failures = 0, reclaims = 0}
+           failures = 0, reclaims = 0, payload = ARGV[2]}
 meta_put(KEYS[2], item, m)
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[3], item, ARGV[2]) end
-redis.call('ZADD', KEYS[4], score(m, now, tonumber(ARGV[8])), item)
-redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
+redis.call('ZADD', KEYS[3], score(m, now, tonumber(ARGV[8])), item)
+redis.call('HINCRBY', KEYS[4], 'enqueued', 1)
 return 1

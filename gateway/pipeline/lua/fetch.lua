@@ -1,6 +1,6 @@
 -- FETCH: promote due delayed retries (bounded batch), pop up to `count` best items, record a
 -- lease {token, worker, started} and a deadline for each.
--- KEYS: ready, delayed, lease, deadline, meta, doc
+-- KEYS: ready, delayed, lease, deadline, meta
 -- ARGV: worker, token, lease_ms, promote_batch, epoch_ms, count
 -- Returns false when the stage is empty, else a flat list of 7 fields per item: item,
 -- started_ms, payload or '', base, bonus, failures, reclaims.
@@ -29,8 +29,7 @@ for i = 1, #popped, 2 do
     meta_put(KEYS[5], item, m)
     redis.call('HSET', KEYS[3], item, lease)
     redis.call('ZADD', KEYS[4], deadline, item)
-    local payload = redis.call('HGET', KEYS[6], item) or ''
-    for _, v in ipairs({item, tostring(now), payload, tostring(m.base), tostring(m.bonus),
+    for _, v in ipairs({item, tostring(now), m.payload, tostring(m.base), tostring(m.bonus),
                         tostring(m.failures), tostring(m.reclaims)}) do
       out[#out + 1] = v
     end
