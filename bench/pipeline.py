@@ -124,8 +124,9 @@ async def run_bare(url: str, n: int, concurrency: int) -> float:
         await client.aclose()
 
 
-async def memory_per_item(url: str, n: int) -> tuple[float, int]:
-    """Bytes of Redis memory per item queued in store (payload included), and payload size."""
+async def memory_per_item(url: str, n: int) -> tuple[float, int, dict[str, float]]:
+    """Bytes of Redis memory per item queued in store (payload included), the payload size,
+    and ``MEMORY USAGE`` per item of each kind of key (bucketed keys summed per kind)."""
     client = redis_clients.connect(url, variable="bench")
     try:
         await client.flushall()
@@ -133,7 +134,13 @@ async def memory_per_item(url: str, n: int) -> tuple[float, int]:
         before = int((await client.info("memory"))["used_memory"])
         await _enqueue_all_doc(client, n, document)
         after = int((await client.info("memory"))["used_memory"])
-        return (after - before) / n, len(json.dumps(document, separators=(",", ":")))
+        by_kind: dict[str, float] = {}
+        async for key in client.scan_iter("q:*", count=1000):
+            kind = key.split(":")[2]  # q:{pipeline}:<kind>[:...]
+            used = int(await client.memory_usage(key, samples=0) or 0)
+            by_kind[kind] = by_kind.get(kind, 0) + used / n
+        return ((after - before) / n, len(json.dumps(document, separators=(",", ":"))),
+                by_kind)
     finally:
         await client.aclose()
 
@@ -232,6 +239,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="gateway: items per transaction")
     parser.add_argument("--peer-concurrency", type=int, default=50)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the memory-per-item measurement")
     args = parser.parse_args()
     n = args.items
     root = Path(tempfile.mkdtemp(prefix="gwbench-pipe-"))
@@ -248,12 +257,14 @@ def main() -> int:
         settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
                            database_url=pg.url)
         results: dict[str, float] = {}
-        results["gateway"] = asyncio.run(run_gateway(settings, n, args.concurrency, args.batch))
-        results["bare"] = asyncio.run(run_bare(durable.url, n, args.concurrency))
-        if not args.no_peers:
+        if not args.memory_only:
+            results["gateway"] = asyncio.run(
+                run_gateway(settings, n, args.concurrency, args.batch))
+            results["bare"] = asyncio.run(run_bare(durable.url, n, args.concurrency))
+        if not args.no_peers and not args.memory_only:
             for kind in ("saq", "arq"):
                 results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
-        per_item, payload = asyncio.run(memory_per_item(durable.url, n))
+        per_item, payload, by_kind = asyncio.run(memory_per_item(durable.url, n))
     finally:
         embedded.stop_all(servers)
     rates = {name: n / seconds for name, seconds in results.items()}
@@ -262,13 +273,16 @@ def main() -> int:
     for name, rate in rates.items():
         print(f"  {name:8s} {rate:8.0f} items/s  {4 * rate:8.0f} handler runs/s  "
               f"({results[name]:.2f} s)")
-    gw = rates["gateway"]
-    print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}")
-    for peer in ("saq", "arq"):
-        if peer in rates:
-            print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
+    if "gateway" in rates:
+        gw = rates["gateway"]
+        print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}")
+        for peer in ("saq", "arq"):
+            if peer in rates:
+                print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
     print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
           f"payload ({per_item - payload:.0f} bytes overhead)")
+    print("  MEMORY USAGE per item by key kind: " + ", ".join(
+        f"{kind} {size:.0f}" for kind, size in sorted(by_kind.items())))
     return 0
 
 

@@ -36,9 +36,9 @@ from gateway.pipeline.stages import (
 )
 from gateway.redis_clients import AnyRedis
 
-# How many expired dedup entries one ADD trims, and due retries one FETCH promotes: bounded
-# work per script call (a long script blocks every client of the instance).
-TRIM_BATCH = 100
+# How many entries of its dedup bucket one ADD samples for expiry, and due retries one FETCH
+# promotes: bounded work per script call (a long script blocks every client of the instance).
+TRIM_SAMPLE = 8
 PROMOTE_BATCH = 100
 
 
@@ -77,9 +77,8 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
-_ADD_KEYS = {stage: (seen_key(), meta_key(), ready_key(stage), stats_key(stage))
-             for stage in STAGES}
-_WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_BATCH)
+_ADD_KEYS = {stage: (meta_key(), ready_key(stage), stats_key(stage)) for stage in STAGES}
+_WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 
 
 def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "normal",
@@ -90,7 +89,7 @@ def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "nor
         raise ValueError("item_id must be a non-empty string")
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
-        keys = list(_ADD_KEYS[stage])
+        keys = [seen_key(item_id), *_ADD_KEYS[stage]]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)

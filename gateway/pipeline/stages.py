@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 from gateway import keys
@@ -14,6 +15,10 @@ TYPE_BONUS = {"api_docs": 5, "code": 3, "other": 0}
 # Fixed EPOCH of the stored score base - bonus + 0.001 * (t - EPOCH): 2026-01-01T00:00:00Z.
 EPOCH_MS = 1_767_225_600_000
 DEDUP_WINDOW_MS = 7 * 24 * 3600 * 1000
+# Buckets of the dedup window: each stays a listpack (<= 128 entries by Redis's default
+# hash-max-listpack-entries) while a week holds fewer than ~128 x SEEN_BUCKETS items;
+# beyond that a bucket turns into a plain hash table, larger but still correct.
+SEEN_BUCKETS = 1024
 
 
 def next_stage(stage: str) -> str | None:
@@ -28,9 +33,12 @@ def check_stage(stage: str) -> str:
 
 
 # Pipeline-wide keys.
-def seen_key() -> str:
-    """ZSET item -> first-seen ms: the 7-day dedup window, trimmed by score inside ADD."""
-    return keys.q("seen")
+def seen_key(item_id: str) -> str:
+    """HASH item -> first-seen ms for the 7-day dedup window: one of ``SEEN_BUCKETS`` small
+    hashes chosen by CRC-32 of the item id, so each stays listpack-encoded (~30 bytes an
+    entry instead of ~107 in one big sorted set). ADD checks expiry against Redis TIME and
+    trims a bounded sample of its bucket."""
+    return keys.q("seen", zlib.crc32(item_id.encode()) % SEEN_BUCKETS)
 
 
 def meta_key() -> str:

@@ -30,18 +30,22 @@ DOC = {"text": "hello"}
 
 async def test_enqueue_dedups_per_item_for_seven_days(runtime):
     durable = runtime.durable
+    window = 7 * 24 * 3600 * 1000
     assert await queue.enqueue(durable, "a", DOC) is True
     assert await queue.enqueue(durable, "a", DOC) is False
     # Completed items stay deduplicated: the seen entry outlives the queue entry.
     await durable.hdel(meta_key(), "a")
     await durable.zrem(ready_key("store"), "a")
     assert await queue.enqueue(durable, "a", DOC) is False
-    first_seen = int(await durable.zscore(seen_key(), "a"))
-    # An entry older than the window is trimmed by the next ADD, so the item is new again.
-    await durable.zadd(seen_key(), {"a": first_seen - 7 * 24 * 3600 * 1000 - 1})
-    assert await queue.enqueue(durable, "b", DOC) is True
-    assert await durable.zscore(seen_key(), "a") is None
+    first_seen = int(await durable.hget(seen_key("a"), "a"))
+    # Still inside the window by a second: a duplicate, and first-seen does not move.
+    await durable.hset(seen_key("a"), "a", first_seen - window + 1000)
+    assert await queue.enqueue(durable, "a", DOC) is False
+    assert int(await durable.hget(seen_key("a"), "a")) == first_seen - window + 1000
+    # Outside the window by a millisecond: the item is new again, seen from now.
+    await durable.hset(seen_key("a"), "a", first_seen - window - 1)
     assert await queue.enqueue(durable, "a", DOC) is True
+    assert int(await durable.hget(seen_key("a"), "a")) >= first_seen
     assert await registry_violations(durable, "durable") == []
 
 
@@ -80,6 +84,22 @@ async def test_pop_order_equals_seed_formula(runtime):
     while (lease := await queue.fetch(durable, "store", "w", 60_000)) is not None:
         popped.append(lease.item_id)
     assert popped == expected
+
+
+async def test_add_trims_expired_entries_of_its_bucket_and_keeps_it_small(runtime):
+    durable = runtime.durable
+    bucket = seen_key("a")
+    # Items that share a's bucket (the bucket is a pure function of the id).
+    mates = [f"m{i}" for i in range(20_000) if seen_key(f"m{i}") == bucket][:6]
+    assert len(mates) == 6
+    old = int((await durable.time())[0]) * 1000 - 7 * 24 * 3600 * 1000 - 5000
+    await durable.hset(bucket, mapping={m: old for m in mates[:4]})
+    for m in mates[4:]:
+        assert await queue.enqueue(durable, m, DOC) is True
+    assert await queue.enqueue(durable, "a", DOC) is True  # samples 8 >= the bucket's 7
+    assert sorted(await durable.hkeys(bucket)) == sorted(["a", *mates[4:]])
+    assert await durable.object("encoding", bucket) == "listpack"
+    assert await registry_violations(durable, "durable") == []
 
 
 async def test_complete_moves_through_all_stages_and_drops_payload(runtime):
