@@ -13,6 +13,7 @@ with like. CPU is read from /proc for the gateway processes, the Redis nodes (al
 cluster) and PostgreSQL (postmaster and its backends) over the measured window.
 
     python bench/scale.py [--items 3000] [--duration 5] [--workers 1,2,4] [--serves 1,2]
+    python bench/scale.py --workers 1 --serves 1 --profile /tmp/prof   # py-spy stacks
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -249,6 +251,8 @@ def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
             return results
 
         load(0, args.warmup, [])
+        if args.profile:
+            profile_first(pids[0], args.duration, Path(args.profile) / f"{tag}.txt")
         box: list[CpuMeter] = []
         results = load(1, args.duration, box)
         cpu = box[0].stop()
@@ -260,6 +264,15 @@ def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
         for code, count in result.statuses.items():
             statuses[code] = statuses.get(code, 0) + count
     return sum(r.rps for r in results), cpu, statuses
+
+
+def profile_first(pid: int, seconds: int, out: Path) -> None:
+    """py-spy on one serve process over the measured window (collapsed stacks), in the
+    background: it stops by itself after ``seconds``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.Popen(["py-spy", "record", "--pid", str(pid), "-d", str(seconds), "-r", "200",
+                      "-f", "raw", "--nonblocking", "-o", str(out)],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def start_stores(kind: str, root: Path, started: list[Any]) -> Stores:
@@ -293,6 +306,8 @@ def main() -> int:
     parser.add_argument("--ids", type=int, default=100_000, help="pre-signed ids per wrk")
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--topologies", default="single,cluster")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="py-spy each ingest run's first serve process, stacks into DIR")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("bench: needs wrk (apt-get install -y wrk)")
