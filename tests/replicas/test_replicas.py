@@ -34,6 +34,7 @@ JOBS = 30
 UPDATES = 10
 EVENTS = 10
 REPLICA_RECLAIMERS = 3
+ITEMS = {f"webhook:demo:rep-{n}" for n in range(WEBHOOKS)} | {f"job-{n}" for n in range(JOBS)}
 
 Send = Callable[[str], Awaitable[tuple[int, Any]]]
 
@@ -139,31 +140,29 @@ async def test_replicas_and_workers_process_everything_exactly_once(
             await victim.wait()
             held = await leases_of(runtime, victim.pid)
             answers = await traffic
+        assert held, "the victim held nothing when killed"
+        await check_answers(answers)
+        # Its leases expire, and five reclaimers race for them while the rest completes.
+        await wait_until(lambda: _journal_complete(runtime, len(ITEMS)), timeout=40,
+                         interval=0.1, message="every item through all four stages")
+        fleet.check_alive(victim)
     finally:
         stop.set()
         await asyncio.gather(*reclaimers)
-    assert held, "the victim held nothing when killed"
-    await check_answers(answers)
-
-    items = {f"webhook:demo:rep-{n}" for n in range(WEBHOOKS)} | {
-        f"job-{n}" for n in range(JOBS)}
-    await wait_until(lambda: _journal_complete(runtime, len(items)), timeout=40,
-                     interval=0.1, message="every item through all four stages")
-    fleet.check_alive(victim)
 
     journal = await runtime.pg.fetch(
         "SELECT item_id, stage, count(*) AS n FROM pipeline_journal GROUP BY 1, 2")
     assert {(r["item_id"], r["stage"]) for r in journal} == {
-        (i, s) for i in items for s in STAGES}
+        (i, s) for i in ITEMS for s in STAGES}
     assert {r["n"] for r in journal} == {1}
     feed = await runtime.pg.fetch(
         "SELECT payload->>'item_id' AS item, kind, count(*) AS n FROM feed "
         "WHERE topic = 'pipeline' GROUP BY 1, 2")
-    assert {(r["item"], r["kind"]) for r in feed} == {(i, s) for i in items for s in STAGES}
+    assert {(r["item"], r["kind"]) for r in feed} == {(i, s) for i in ITEMS for s in STAGES}
     assert {r["n"] for r in feed} == {1}
     offsets = await runtime.pg.fetch(
         "SELECT \"offset\" FROM feed WHERE topic = 'pipeline' ORDER BY 1")
-    assert [r["offset"] for r in offsets] == list(range(1, len(items) * 4 + 1))
+    assert [r["offset"] for r in offsets] == list(range(1, len(ITEMS) * 4 + 1))
 
     # Each of the victim's leases was reclaimed once, by one of five reclaimers; no other.
     assert await reclaimed_total(runtime) == len(held)
