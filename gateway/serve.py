@@ -104,4 +104,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     if args.port is not None:
         changes["port"] = args.port
     settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
-    return asyncio.run(run(settings))
+    # Imported here: the pipeline runner itself imports this module.
+    from gateway.pipeline.runner import reclaim_service
+
+    return asyncio.run(run(settings, services=[reclaim_service()]))

@@ -63,6 +63,14 @@ def service(concurrency: int = 8, stages: Sequence[str] = STAGES) -> Service:
     return run
 
 
+def reclaim_service() -> Service:
+    """RECLAIM (and the depth gauges) alone: every ``gateway serve`` replica runs it, so
+    expired leases come back even when no worker is alive to notice."""
+    async def run(runtime: Runtime, stop: asyncio.Event) -> None:
+        await reclaim_loop(runtime, stop, WorkerConfig.from_settings(runtime.settings))
+    return run
+
+
 async def _main(settings: Settings, stages: Sequence[str], concurrency: int) -> int:
     handlers = load_handlers(settings.section("pipeline"))
     stop = asyncio.Event()

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TELEGRAM_SECRET = "replica-telegram-secret"
 SLACK_SIGNING_SECRET = "replica-slack-signing-secret"
 # Whole seconds (the variables are integers): a live worker beats 4 times per lease, so only
-# a dead one loses its leases; RECLAIM then runs every second in each worker.
+# a dead one loses its leases; RECLAIM then runs every second in each replica and worker.
 TIMINGS = {"GATEWAY_LEASE_SECONDS": "4", "GATEWAY_HEARTBEAT_SECONDS": "1",
            "GATEWAY_RECLAIM_SECONDS": "1"}
 CONFIG = """

@@ -1,10 +1,9 @@
 """Three ``gateway serve`` replicas and two ``gateway worker`` processes on one set of stores
 (issue 8 §2). Webhooks, jobs, Telegram updates and Slack events go to random replicas, each
 delivered three times (twice at once, once more later): every one is processed once. One
-worker is killed -9 while it holds leases: RECLAIM, running in both workers and in three
-extra reclaimers (one per replica, since ``serve`` itself runs none), returns each of its
-items exactly once, and every item ends with exactly one journal row and one ``pipeline``
-feed row per stage."""
+worker is killed -9 while it holds leases: RECLAIM, running in every replica and in both
+workers, returns each of its items exactly once, and every item ends with exactly one
+journal row and one ``pipeline`` feed row per stage."""
 
 from __future__ import annotations
 
@@ -18,9 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.pipeline.runner import reclaim_loop
 from gateway.pipeline.stages import STAGES, dead_key, lease_key, stats_key
-from gateway.pipeline.worker import WorkerConfig
 from gateway.runtime import Runtime
 from tests.adapters.webhook_helpers import body_of, standard
 from tests.conftest import ServerSet
@@ -33,7 +30,6 @@ WEBHOOKS = 30
 JOBS = 30
 UPDATES = 10
 EVENTS = 10
-REPLICA_RECLAIMERS = 3
 ITEMS = {f"webhook:demo:rep-{n}" for n in range(WEBHOOKS)} | {f"job-{n}" for n in range(JOBS)}
 
 Send = Callable[[str], Awaitable[tuple[int, Any]]]
@@ -119,36 +115,28 @@ async def test_replicas_and_workers_process_everything_exactly_once(
         runtime: Runtime, fleet: Fleet, fake_telegram: FakeTelegram,
         fake_slack: FakeSlack) -> None:
     await fleet.start(serves=3, workers=2)
-    stop = asyncio.Event()
-    fast = WorkerConfig(reclaim_interval=0.2, max_reclaims=3)
-    reclaimers = [asyncio.create_task(reclaim_loop(runtime, stop, fast))
-                  for _ in range(REPLICA_RECLAIMERS)]
-    try:
-        async with aiohttp.ClientSession() as http:
-            await fleet.wait_ready(http)
-            senders = ([webhook_sender(http, n) for n in range(WEBHOOKS)]
-                       + [job_sender(http, n) for n in range(JOBS)]
-                       + [telegram_sender(http, n) for n in range(UPDATES)]
-                       + [slack_sender(http, n) for n in range(EVENTS)])
-            traffic = asyncio.gather(*(thrice(send, fleet.url) for send in senders))
+    async with aiohttp.ClientSession() as http:
+        await fleet.wait_ready(http)
+        senders = ([webhook_sender(http, n) for n in range(WEBHOOKS)]
+                   + [job_sender(http, n) for n in range(JOBS)]
+                   + [telegram_sender(http, n) for n in range(UPDATES)]
+                   + [slack_sender(http, n) for n in range(EVENTS)])
+        traffic = asyncio.gather(*(thrice(send, fleet.url) for send in senders))
 
-            # Kill -9 one worker as soon as it holds leases in the (slow) chunk stage.
-            victim = fleet.workers[0]
-            await wait_until(lambda: _holds_chunk(runtime, victim.pid), timeout=30,
-                             message="the victim worker holding chunk leases")
-            victim.send_signal(signal.SIGKILL)
-            await victim.wait()
-            held = await leases_of(runtime, victim.pid)
-            answers = await traffic
-        assert held, "the victim held nothing when killed"
-        await check_answers(answers)
-        # Its leases expire, and five reclaimers race for them while the rest completes.
-        await wait_until(lambda: _journal_complete(runtime, len(ITEMS)), timeout=40,
-                         interval=0.1, message="every item through all four stages")
-        fleet.check_alive(victim)
-    finally:
-        stop.set()
-        await asyncio.gather(*reclaimers)
+        # Kill -9 one worker as soon as it holds leases in the (slow) chunk stage.
+        victim = fleet.workers[0]
+        await wait_until(lambda: _holds_chunk(runtime, victim.pid), timeout=30,
+                         message="the victim worker holding chunk leases")
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+        held = await leases_of(runtime, victim.pid)
+        answers = await traffic
+    assert held, "the victim held nothing when killed"
+    await check_answers(answers)
+    # Its leases expire, and five reclaimers (three replicas, two workers) race for them.
+    await wait_until(lambda: _journal_complete(runtime, len(ITEMS)), timeout=40,
+                     interval=0.1, message="every item through all four stages")
+    fleet.check_alive(victim)
 
     journal = await runtime.pg.fetch(
         "SELECT item_id, stage, count(*) AS n FROM pipeline_journal GROUP BY 1, 2")
@@ -164,7 +152,7 @@ async def test_replicas_and_workers_process_everything_exactly_once(
         "SELECT \"offset\" FROM feed WHERE topic = 'pipeline' ORDER BY 1")
     assert [r["offset"] for r in offsets] == list(range(1, len(ITEMS) * 4 + 1))
 
-    # Each of the victim's leases was reclaimed once, by one of five reclaimers; no other.
+    # Each of the victim's leases was reclaimed once, by one of the five reclaimers.
     assert await reclaimed_total(runtime) == len(held)
     for stage in STAGES:
         assert await runtime.durable.llen(dead_key(stage)) == 0
