@@ -3,7 +3,9 @@ no-op handlers (4N handler runs), one worker process, journaling and feed rows o
 production, side by side in one invocation with:
 
 - ``bare``: a bare Lua FETCH+COMPLETE chain with the same client (redis-py asyncio), no
-  leases, journal or heartbeats: the ceiling of this client on this machine;
+  leases, journal or heartbeats: the ceiling of this client on this machine, one item per
+  round trip (the issue's baseline); ``bare-batch``: the same popping up to ``--batch`` items
+  per call and pushing them in one pipeline, the ceiling for the gateway's batching;
 - ``saq`` and ``arq`` doing the same four-stage chain (each job enqueues the next), run in a
   separate virtualenv because both pin redis-py < 8 (created on first use under
   ``.gateway/bench-peers``; ``--no-peers`` skips them).
@@ -42,9 +44,11 @@ PEERS_VENV = ROOT / ".gateway" / "bench-peers"
 PEER_PACKAGES = ["arq==0.28.0", "saq[redis]==0.26.4", "redis[hiredis]>=5,<6", "typing_extensions"]
 
 BARE_POP = """
-local p = redis.call('ZPOPMIN', KEYS[1])
+local p = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
 if #p == 0 then return false end
-return p[1]
+local out = {}
+for i = 1, #p, 2 do out[#out + 1] = p[i] end
+return out
 """
 BARE_PUSH = "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) return 1"
 
@@ -95,12 +99,14 @@ async def _reset(runtime: Any) -> None:
     await runtime.pg.execute("TRUNCATE pipeline_journal, feed, feed_topics")
 
 
-async def run_bare(url: str, n: int, concurrency: int) -> float:
-    """The ceiling: per stage, ``concurrency`` loops of EVALSHA pop + EVALSHA push."""
+async def run_bare(url: str, n: int, concurrency: int, batch: int = 1) -> float:
+    """The ceiling: per stage, ``concurrency`` loops of one EVALSHA pop of up to ``batch``
+    items + their EVALSHA pushes (one round trip when batch is 1, pipelined otherwise)."""
     client = redis_clients.connect(url, variable="bench")
     try:
         await client.flushall()
-        pop, push = client.register_script(BARE_POP), client.register_script(BARE_PUSH)
+        pop = client.register_script(BARE_POP)
+        push: Any = client.register_script(BARE_PUSH)  # also called on a pipeline
         ready = [f"q:{{pipeline}}:bare:{s}" for s in STAGES] + ["q:{pipeline}:bare:done"]
         for start in range(0, n, 1000):
             await client.zadd(ready[0], {f"i{i}": i for i in range(start, min(n, start + 1000))})
@@ -109,13 +115,19 @@ async def run_bare(url: str, n: int, concurrency: int) -> float:
         async def loop(stage: int) -> None:
             nonlocal done
             while done < n:
-                item = await pop(keys=[ready[stage]])
-                if item is None:
+                items = await pop(keys=[ready[stage]], args=[batch])
+                if not items:
                     await asyncio.sleep(0.001)
                     continue
-                await push(keys=[ready[stage + 1]], args=[item, 1])
+                if len(items) == 1:
+                    await push(keys=[ready[stage + 1]], args=[items[0], 1])
+                else:
+                    async with client.pipeline(transaction=False) as pipe:
+                        for item in items:
+                            await push(keys=[ready[stage + 1]], args=[item, 1], client=pipe)
+                        await pipe.execute()
                 if stage == len(STAGES) - 1:
-                    done += 1
+                    done += len(items)
 
         started = time.perf_counter()
         await asyncio.gather(*(loop(s) for s in range(len(STAGES)) for _ in range(concurrency)))
@@ -261,6 +273,8 @@ def main() -> int:
             results["gateway"] = asyncio.run(
                 run_gateway(settings, n, args.concurrency, args.batch))
             results["bare"] = asyncio.run(run_bare(durable.url, n, args.concurrency))
+            results["bare-batch"] = asyncio.run(
+                run_bare(durable.url, n, args.concurrency, args.batch))
         if not args.no_peers and not args.memory_only:
             for kind in ("saq", "arq"):
                 results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
@@ -275,7 +289,8 @@ def main() -> int:
               f"({results[name]:.2f} s)")
     if "gateway" in rates:
         gw = rates["gateway"]
-        print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}")
+        print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}  "
+              f"(/ bare with the gateway's batch: {gw / rates['bare-batch']:.2f})")
         for peer in ("saq", "arq"):
             if peer in rates:
                 print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
