@@ -54,8 +54,9 @@ async def test_items_flow_through_all_stages_with_default_handlers(runtime):
     assert edges == {("link", "https://example.org/guide"), ("mention", "alice"),
                      ("mention", "bob"), ("tag", "python"), ("tag", "asyncio")}
     feed_rows = await runtime.pg.fetch(
-        "SELECT kind, payload FROM feed WHERE topic = 'pipeline' ORDER BY \"offset\"")
-    assert len(feed_rows) == 20
+        "SELECT \"offset\", kind, payload FROM feed WHERE topic = 'pipeline'"
+        " ORDER BY \"offset\"")
+    assert [r["offset"] for r in feed_rows] == list(range(1, 21))  # batches leave no hole
     assert sorted((r["payload"]["item_id"], r["kind"]) for r in feed_rows) == sorted(
         (f"doc{i}", s) for i in range(5) for s in STAGES)
     assert await queue.job_status(runtime, "doc3") == {
