@@ -136,23 +136,32 @@ async def run_bare(url: str, n: int, concurrency: int, batch: int = 1) -> float:
         await client.aclose()
 
 
-async def memory_per_item(url: str, n: int) -> tuple[float, int, dict[str, float]]:
-    """Bytes of Redis memory per item queued in store (payload included), the payload size,
-    and ``MEMORY USAGE`` per item of each kind of key (bucketed keys summed per kind)."""
+async def _data_memory(client: Any) -> tuple[int, int]:
+    """``used_memory`` with and without client buffers (``mem_clients_normal``: the loading
+    connection's query buffer, grown by the 500-call pipelines, is not per-item data)."""
+    info = await client.info("memory")
+    used = int(info["used_memory"])
+    return used, used - int(info["mem_clients_normal"])
+
+
+async def memory_per_item(url: str, n: int) -> tuple[float, float, int, dict[str, float]]:
+    """Bytes of Redis memory per item queued in store (payload included; ``used_memory``
+    and the same without client buffers), the payload size, and ``MEMORY USAGE`` per item of
+    each kind of key (bucketed keys summed per kind)."""
     client = redis_clients.connect(url, variable="bench")
     try:
         await client.flushall()
         document = {"text": "x" * 100}
-        before = int((await client.info("memory"))["used_memory"])
+        before, before_data = await _data_memory(client)
         await _enqueue_all_doc(client, n, document)
-        after = int((await client.info("memory"))["used_memory"])
+        after, after_data = await _data_memory(client)
         by_kind: dict[str, float] = {}
         async for key in client.scan_iter("q:*", count=1000):
             kind = key.split(":")[2]  # q:{pipeline}:<kind>[:...]
             used = int(await client.memory_usage(key, samples=0) or 0)
             by_kind[kind] = by_kind.get(kind, 0) + used / n
-        return ((after - before) / n, len(json.dumps(document, separators=(",", ":"))),
-                by_kind)
+        return ((after - before) / n, (after_data - before_data) / n,
+                len(json.dumps(document, separators=(",", ":"))), by_kind)
     finally:
         await client.aclose()
 
@@ -278,7 +287,8 @@ def main() -> int:
         if not args.no_peers and not args.memory_only:
             for kind in ("saq", "arq"):
                 results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
-        per_item, payload, by_kind = asyncio.run(memory_per_item(durable.url, n))
+        per_item, per_item_data, payload, by_kind = asyncio.run(
+            memory_per_item(durable.url, n))
     finally:
         embedded.stop_all(servers)
     rates = {name: n / seconds for name, seconds in results.items()}
@@ -295,7 +305,8 @@ def main() -> int:
             if peer in rates:
                 print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
     print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
-          f"payload ({per_item - payload:.0f} bytes overhead)")
+          f"payload ({per_item - payload:.0f} bytes overhead); without client buffers "
+          f"{per_item_data:.0f} ({per_item_data - payload:.0f} overhead)")
     print("  MEMORY USAGE per item by key kind: " + ", ".join(
         f"{kind} {size:.0f}" for kind, size in sorted(by_kind.items())))
     return 0

@@ -30,7 +30,8 @@ from gateway.pipeline.stages import (
     lease_key,
     meta_key,
     next_stage,
-    ready_key,
+    ready_class_key,
+    ready_keys,
     seen_key,
     stats_key,
 )
@@ -77,7 +78,10 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
-_ADD_KEYS = {stage: (meta_key(), ready_key(stage), stats_key(stage)) for stage in STAGES}
+_ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
+                             ready_class_key(stage, base - bonus))
+             for stage in STAGES for p, base in PRIORITY_BASE.items()
+             for t, bonus in TYPE_BONUS.items()}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 
 
@@ -89,7 +93,7 @@ def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "nor
         raise ValueError("item_id must be a non-empty string")
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
-        keys = [seen_key(item_id), *_ADD_KEYS[stage]]
+        keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type]]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
@@ -134,9 +138,10 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
 
 def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
                count: int = 1) -> tuple[list[str], list[str]]:
-    keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
-            meta_key()]
-    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count)]
+    keys = [delayed_key(stage), lease_key(stage), deadline_key(stage), meta_key(),
+            *ready_keys(stage)]
+    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count),
+                  stage]
 
 
 async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
@@ -181,7 +186,7 @@ def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list
     after = next_stage(stage)
     keys = [lease_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
     if after:
-        keys += [ready_key(after), stats_key(after)]
+        keys += [stats_key(after), *ready_keys(after)]
     args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]
     return keys, args
 
@@ -209,7 +214,7 @@ async def release(durable: AnyRedis, lease: Lease) -> LeaseResult:
     """Give the item back untouched (graceful shutdown): nothing is counted against it."""
     stage = lease.stage
     reply = await scripts_for(durable).release(
-        keys=[lease_key(stage), deadline_key(stage), ready_key(stage), meta_key()],
+        keys=[lease_key(stage), deadline_key(stage), meta_key(), *ready_keys(stage)],
         args=[lease.item_id, lease.token, str(EPOCH_MS)])
     return LeaseResult(int(reply))
 
@@ -246,8 +251,8 @@ async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: in
 
 def reclaim_call(stage: str, *, max_reclaims: int,
                  batch: int) -> tuple[list[str], list[str]]:
-    keys = [lease_key(stage), deadline_key(stage), ready_key(stage), dead_key(stage),
-            meta_key(), stats_key(stage)]
+    keys = [lease_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
+            stats_key(stage), *ready_keys(stage)]
     return keys, [str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)]
 
 

@@ -8,7 +8,8 @@ import os
 import sys
 
 from gateway.pipeline import queue
-from gateway.pipeline.stages import dead_key, ready_key
+from gateway.pipeline.stages import dead_key
+from gateway.pipeline.status import ready_items
 
 
 async def _gateway(servers, *args: str, config: str | None = None) -> tuple[int, str]:
@@ -38,7 +39,7 @@ async def test_deadletter_commands(runtime, servers):
     code, out = await _gateway(servers, "deadletter", "requeue", "--stage", "store",
                                "--limit", "1")
     assert code == 0 and "requeued 1" in out
-    assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["a"]
+    assert await ready_items(runtime.durable, "store") == ["a"]
     code, out = await _gateway(servers, "deadletter", "purge", "--stage", "store")
     assert code == 0 and "purged 2" in out
     assert await runtime.durable.llen(dead_key("store")) == 0

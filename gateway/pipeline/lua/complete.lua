@@ -1,5 +1,5 @@
 -- COMPLETE: the token holder finished the stage; move the item into the next stage.
--- KEYS: lease, deadline, meta, stats, [next ready, next stats]
+-- KEYS: lease, deadline, meta, stats, [next stats, next stage's ready lists...]
 -- ARGV: item, token, next_stage ('' = final), epoch_ms, drop_payload(0|1)
 -- Returns 1, or -1 (no lease) / -2 (another token holds it).
 local item = ARGV[1]
@@ -19,6 +19,6 @@ m.failures = 0
 m.reclaims = 0
 if ARGV[5] == '1' then m.payload = '' end
 meta_put(KEYS[3], item, m)
-redis.call('ZADD', KEYS[5], score(m, now_ms(), tonumber(ARGV[4])), item)
-redis.call('HINCRBY', KEYS[6], 'enqueued', 1)
+ready_push(6, m, now_ms(), tonumber(ARGV[4]), item)
+redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
 return 1
