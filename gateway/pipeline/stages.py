@@ -70,6 +70,12 @@ def ready_class_key(stage: str, cls: int) -> str:
     return keys.q("ready", stage, cls)
 
 
+def legacy_ready_key(stage: str) -> str:
+    """The ZSET item -> score that held a stage's ready set before the class lists (read
+    only by ``recover.upgrade_ready``)."""
+    return keys.q("ready", stage)
+
+
 def ready_keys(stage: str) -> tuple[str, ...]:
     """The stage's class lists, in ``CLASSES`` order (scripts find a class by the key's
     ``:<class>`` suffix)."""

@@ -31,15 +31,16 @@ end
 -- first. Every insertion is scored with the current TIME, so each list is sorted by score.
 -- The class lists are the LAST keys of a script, KEYS[first..#KEYS]; a class's list is the
 -- one whose name ends in ":<base - bonus>".
-local function ready_push(first, m, now, epoch, item)
+local function class_list(first, m)
   local want = ':' .. (m.base - m.bonus)
   for i = first, #KEYS do
-    if string.sub(KEYS[i], -#want) == want then
-      redis.call('RPUSH', KEYS[i], score(m, now, epoch) .. '|' .. item)
-      return
-    end
+    if string.sub(KEYS[i], -#want) == want then return KEYS[i] end
   end
   error('no ready list for class ' .. want)
+end
+
+local function ready_push(first, m, now, epoch, item)
+  redis.call('RPUSH', class_list(first, m), score(m, now, epoch) .. '|' .. item)
 end
 
 local function ready_head(l)
