@@ -182,13 +182,25 @@ async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResu
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
 
 
-def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list[str]]:
+def complete_call(stage: str, item_id: str, token: str,
+                  cls: int | None = None) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of COMPLETE. ``cls`` = the item's ``base - bonus`` as leased: only that
+    class list of the next stage is passed (fewer keys per call on the hot path); without
+    it, all of them (the script finds the class by the key's suffix either way)."""
     after = next_stage(stage)
     keys = [lease_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
     if after:
-        keys += [stats_key(after), *ready_keys(after)]
+        keys.append(stats_key(after))
+        keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
     args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]
     return keys, args
+
+
+def _complete_lease(lease: Lease) -> tuple[list[str], list[str]]:
+    # While the lease is held nothing else changes the item's base or bonus (RECLAIM does,
+    # but only after taking the lease away, and then COMPLETE refuses before pushing).
+    return complete_call(lease.stage, lease.item_id, lease.token,
+                         int(lease.base - lease.bonus))
 
 
 async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
@@ -199,12 +211,12 @@ async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
 async def complete_many(durable: AnyRedis, leases: list[Lease]) -> list[LeaseResult]:
     """COMPLETE several leases in one round trip (one script call each, in a pipeline)."""
     if len(leases) == 1:
-        keys, args = complete_call(leases[0].stage, leases[0].item_id, leases[0].token)
+        keys, args = _complete_lease(leases[0])
         return [LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))]
     script = scripts_for(durable).complete
     async with durable.pipeline(transaction=False) as pipe:
         for lease in leases:
-            keys, args = complete_call(lease.stage, lease.item_id, lease.token)
+            keys, args = _complete_lease(lease)
             await script(keys=keys, args=args, client=pipe)
         replies = await pipe.execute()
     return [LeaseResult(int(r)) for r in replies]
