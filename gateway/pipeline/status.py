@@ -78,15 +78,17 @@ async def job_status(runtime: Any, item_id: str) -> dict[str, Any] | None:
     return _from_journal(item_id, {r["stage"] for r in rows}, bool(archived))
 
 
-def _entry_key(entry: str) -> tuple[float, str]:
+def _entry(entry: str) -> tuple[float, str]:
     score, item = entry.split("|", 1)
     return float(score), item
 
 
 def ready_order(class_lists: Iterable[list[str]]) -> list[str]:
-    """Item ids of a stage's class lists ("<score>|<item>" entries, each list oldest first)
-    in the order FETCH pops them: a merge by (score, item)."""
-    merged = heapq.merge(*(map(_entry_key, entries) for entries in class_lists))
+    """Item ids of a stage's class lists ("<score>|<item>" entries, each list oldest first,
+    lists in ``ready_keys`` order) in the order FETCH pops them: a merge by score, equal
+    scores from the earlier list first (``heapq.merge`` is stable)."""
+    merged = heapq.merge(*(map(_entry, entries) for entries in class_lists),
+                         key=lambda pair: pair[0])
     return [item for _, item in merged]
 
 

@@ -19,6 +19,7 @@ from gateway.pipeline.stages import (
     deadline_key,
     delayed_key,
     meta_key,
+    ready_class_key,
     ready_keys,
     seen_key,
 )
@@ -270,3 +271,17 @@ async def test_fetch_skips_a_stale_ready_entry(runtime):
     assert lease is not None and lease.item_id == "b"
     assert await durable.hget(meta_key(), "a") == raw.replace("store|q|", "chunk|q|", 1)
     assert await ready_items(durable, "store") == []
+
+
+async def test_equal_scores_across_classes_pop_the_lower_class_first(runtime):
+    """An exact tie between two classes goes to the more urgent class, in FETCH and in
+    ``ready_items`` alike (not to the smaller item id, as a sorted set would)."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high")  # class 50
+    await queue.enqueue(durable, "z", DOC, priority="high", doc_type="code")  # class 47
+    await durable.delete(*ready_keys("store"))
+    await durable.rpush(ready_class_key("store", 50), "60.000000|a")
+    await durable.rpush(ready_class_key("store", 47), "60.000000|z")
+    assert await ready_items(durable, "store") == ["z", "a"]
+    leases = await queue.fetch_many(durable, "store", "w", 60_000, 2)
+    assert [lease.item_id for lease in leases] == ["z", "a"]

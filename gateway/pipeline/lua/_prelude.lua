@@ -53,8 +53,9 @@ local function ready_head(l)
   l.score, l.item = tonumber(s), item
 end
 
--- Pop up to `count` items in (score, item) order, as ZPOPMIN would: a merge of the class
--- lists' first `count` entries, then one LTRIM per list that gave any.
+-- Pop up to `count` items in score order: a merge of the class lists' first `count` entries
+-- (equal scores: the earlier list in KEYS, i.e. the lower class, first; no string compare,
+-- which in Lua would follow the server's locale), then one LTRIM per list that gave any.
 local function ready_pop(first, count)
   local lists = {}
   for i = first, #KEYS do
@@ -69,8 +70,7 @@ local function ready_pop(first, count)
   while #out < count do
     local best = nil
     for _, l in ipairs(lists) do
-      if l.item and (best == nil or l.score < best.score or
-                     (l.score == best.score and l.item < best.item)) then
+      if l.item and (best == nil or l.score < best.score) then
         best = l
       end
     end
