@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import redis
 
 from gateway import keys
 from gateway.pipeline import queue
@@ -18,6 +19,7 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
+    lease_key,
     meta_key,
     ready_class_key,
     ready_keys,
@@ -285,3 +287,18 @@ async def test_equal_scores_across_classes_pop_the_lower_class_first(runtime):
     assert await ready_items(durable, "store") == ["z", "a"]
     leases = await queue.fetch_many(durable, "store", "w", 60_000, 2)
     assert [lease.item_id for lease in leases] == ["z", "a"]
+
+
+async def test_complete_with_a_wrong_class_list_changes_nothing(runtime):
+    """COMPLETE resolves the next stage's class list before writing: a caller passing the
+    wrong one gets an error and the item stays leased (RECLAIM would return it)."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high")
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    assert lease is not None
+    keys, args = queue.complete_call("store", "a", lease.token, 97)
+    with pytest.raises(redis.exceptions.ResponseError, match="no ready list for class"):
+        await scripts_for(durable).complete(keys=keys, args=args)
+    assert await durable.hexists(lease_key("store"), "a")
+    assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    assert await ready_items(durable, "chunk") == ["a"]
