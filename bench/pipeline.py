@@ -136,31 +136,39 @@ async def run_bare(url: str, n: int, concurrency: int, batch: int = 1) -> float:
         await client.aclose()
 
 
-async def memory_per_item(url: str, n: int) -> tuple[float, int, dict[str, float]]:
-    """Bytes of Redis memory per item queued in store (payload included), the payload size,
-    and ``MEMORY USAGE`` per item of each kind of key (bucketed keys summed per kind)."""
+async def _used_memory(client: Any) -> int:
+    return int((await client.info("memory"))["used_memory"])
+
+
+async def memory_per_item(url: str, n: int) -> tuple[float, float, int, dict[str, float]]:
+    """Bytes of Redis memory per item queued in store (payload included): the average over
+    n items from empty and the marginal cost of n more (fixed costs such as the 1,024 dedup
+    bucket keys excluded); the payload size; ``MEMORY USAGE`` per item of each kind of key
+    (bucketed keys summed per kind) after the first n."""
     client = redis_clients.connect(url, variable="bench")
     try:
         await client.flushall()
         document = {"text": "x" * 100}
-        before = int((await client.info("memory"))["used_memory"])
-        await _enqueue_all_doc(client, n, document)
-        after = int((await client.info("memory"))["used_memory"])
+        before = await _used_memory(client)
+        await _enqueue_all_doc(client, 0, n, document)
+        after = await _used_memory(client)
         by_kind: dict[str, float] = {}
         async for key in client.scan_iter("q:*", count=1000):
             kind = key.split(":")[2]  # q:{pipeline}:<kind>[:...]
             used = int(await client.memory_usage(key, samples=0) or 0)
             by_kind[kind] = by_kind.get(kind, 0) + used / n
-        return ((after - before) / n, len(json.dumps(document, separators=(",", ":"))),
-                by_kind)
+        await _enqueue_all_doc(client, n, 2 * n, document)
+        marginal = (await _used_memory(client) - after) / n
+        return ((after - before) / n, marginal,
+                len(json.dumps(document, separators=(",", ":"))), by_kind)
     finally:
         await client.aclose()
 
 
-async def _enqueue_all_doc(client: Any, n: int, document: dict[str, Any]) -> None:
-    for start in range(0, n, 500):
+async def _enqueue_all_doc(client: Any, first: int, end: int, document: dict[str, Any]) -> None:
+    for start in range(first, end, 500):
         async with client.pipeline(transaction=False) as pipe:
-            for i in range(start, min(n, start + 500)):
+            for i in range(start, min(end, start + 500)):
                 await queue.queue_add(pipe, f"item-{i:08d}", document)
             await pipe.execute()
 
@@ -278,7 +286,8 @@ def main() -> int:
         if not args.no_peers and not args.memory_only:
             for kind in ("saq", "arq"):
                 results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
-        per_item, payload, by_kind = asyncio.run(memory_per_item(durable.url, n))
+        per_item, marginal, payload, by_kind = asyncio.run(
+            memory_per_item(durable.url, n))
     finally:
         embedded.stop_all(servers)
     rates = {name: n / seconds for name, seconds in results.items()}
@@ -295,7 +304,8 @@ def main() -> int:
             if peer in rates:
                 print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
     print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
-          f"payload ({per_item - payload:.0f} bytes overhead)")
+          f"payload ({per_item - payload:.0f} bytes overhead); the next {n} items: "
+          f"{marginal:.0f} each ({marginal - payload:.0f} overhead)")
     print("  MEMORY USAGE per item by key kind: " + ", ".join(
         f"{kind} {size:.0f}" for kind, size in sorted(by_kind.items())))
     return 0

@@ -15,7 +15,7 @@ from gateway.pipeline.stages import (
     check_stage,
     dead_key,
     meta_key,
-    ready_key,
+    ready_keys,
     stats_key,
 )
 from gateway.pipeline.status import payload_of
@@ -42,7 +42,7 @@ async def requeue(durable: AnyRedis, stage: str, count: int = MAX_BATCH) -> list
     """Move up to ``count`` dead letters (oldest first) back into the stage; their ids."""
     check_stage(stage)
     ids = await scripts_for(durable).requeue(
-        keys=[dead_key(stage), ready_key(stage), meta_key(), stats_key(stage)],
+        keys=[dead_key(stage), meta_key(), stats_key(stage), *ready_keys(stage)],
         args=[str(_bounded(count)), str(EPOCH_MS)])
     return list(ids)
 

@@ -30,7 +30,8 @@ from gateway.pipeline.stages import (
     lease_key,
     meta_key,
     next_stage,
-    ready_key,
+    ready_class_key,
+    ready_keys,
     seen_key,
     stats_key,
 )
@@ -77,7 +78,10 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
-_ADD_KEYS = {stage: (meta_key(), ready_key(stage), stats_key(stage)) for stage in STAGES}
+_ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
+                             ready_class_key(stage, base - bonus))
+             for stage in STAGES for p, base in PRIORITY_BASE.items()
+             for t, bonus in TYPE_BONUS.items()}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 
 
@@ -89,7 +93,7 @@ def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "nor
         raise ValueError("item_id must be a non-empty string")
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
-        keys = [seen_key(item_id), *_ADD_KEYS[stage]]
+        keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type]]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
@@ -134,9 +138,10 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
 
 def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
                count: int = 1) -> tuple[list[str], list[str]]:
-    keys = [ready_key(stage), delayed_key(stage), lease_key(stage), deadline_key(stage),
-            meta_key()]
-    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count)]
+    keys = [delayed_key(stage), lease_key(stage), deadline_key(stage), meta_key(),
+            *ready_keys(stage)]
+    return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count),
+                  stage]
 
 
 async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
@@ -177,13 +182,25 @@ async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResu
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
 
 
-def complete_call(stage: str, item_id: str, token: str) -> tuple[list[str], list[str]]:
+def complete_call(stage: str, item_id: str, token: str,
+                  cls: int | None = None) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of COMPLETE. ``cls`` = the item's ``base - bonus`` as leased: only that
+    class list of the next stage is passed (fewer keys per call on the hot path); without
+    it, all of them (the script finds the class by the key's suffix either way)."""
     after = next_stage(stage)
     keys = [lease_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
     if after:
-        keys += [ready_key(after), stats_key(after)]
+        keys.append(stats_key(after))
+        keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
     args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]
     return keys, args
+
+
+def _complete_lease(lease: Lease) -> tuple[list[str], list[str]]:
+    # While the lease is held nothing else changes the item's base or bonus (RECLAIM does,
+    # but only after taking the lease away, and then COMPLETE refuses before pushing).
+    return complete_call(lease.stage, lease.item_id, lease.token,
+                         int(lease.base - lease.bonus))
 
 
 async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
@@ -194,12 +211,12 @@ async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
 async def complete_many(durable: AnyRedis, leases: list[Lease]) -> list[LeaseResult]:
     """COMPLETE several leases in one round trip (one script call each, in a pipeline)."""
     if len(leases) == 1:
-        keys, args = complete_call(leases[0].stage, leases[0].item_id, leases[0].token)
+        keys, args = _complete_lease(leases[0])
         return [LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))]
     script = scripts_for(durable).complete
     async with durable.pipeline(transaction=False) as pipe:
         for lease in leases:
-            keys, args = complete_call(lease.stage, lease.item_id, lease.token)
+            keys, args = _complete_lease(lease)
             await script(keys=keys, args=args, client=pipe)
         replies = await pipe.execute()
     return [LeaseResult(int(r)) for r in replies]
@@ -209,7 +226,7 @@ async def release(durable: AnyRedis, lease: Lease) -> LeaseResult:
     """Give the item back untouched (graceful shutdown): nothing is counted against it."""
     stage = lease.stage
     reply = await scripts_for(durable).release(
-        keys=[lease_key(stage), deadline_key(stage), ready_key(stage), meta_key()],
+        keys=[lease_key(stage), deadline_key(stage), meta_key(), *ready_keys(stage)],
         args=[lease.item_id, lease.token, str(EPOCH_MS)])
     return LeaseResult(int(reply))
 
@@ -246,8 +263,8 @@ async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: in
 
 def reclaim_call(stage: str, *, max_reclaims: int,
                  batch: int) -> tuple[list[str], list[str]]:
-    keys = [lease_key(stage), deadline_key(stage), ready_key(stage), dead_key(stage),
-            meta_key(), stats_key(stage)]
+    keys = [lease_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
+            stats_key(stage), *ready_keys(stage)]
     return keys, [str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)]
 
 

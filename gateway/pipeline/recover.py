@@ -20,7 +20,9 @@ from typing import Any
 
 from gateway.config import Settings
 from gateway.pipeline import queue
-from gateway.pipeline.stages import STAGES, meta_key
+from gateway.pipeline.scripts import scripts_for
+from gateway.pipeline.stages import STAGES, legacy_ready_key, meta_key, ready_keys
+from gateway.redis_clients import AnyRedis
 from gateway.runtime import open_runtime
 
 log = logging.getLogger("gateway.pipeline")
@@ -40,10 +42,26 @@ class RecoverReport:
     scanned: int = 0
     present: int = 0
     requeued: int = 0
+    upgraded: int = 0
+
+
+async def upgrade_ready(durable: AnyRedis, batch: int = BATCH) -> int:
+    """Move items still queued in the ready ZSETs of the earlier layout into the class lists
+    (bounded batches, best first, scores kept); how many moved. Without this they would sit
+    where no FETCH looks, and recover would not re-enqueue them (their meta is present)."""
+    moved = 0
+    upgrade = scripts_for(durable).upgrade
+    for stage in STAGES:
+        left = 1
+        while left:
+            done, left = await upgrade(keys=[legacy_ready_key(stage), meta_key(),
+                                             *ready_keys(stage)], args=[str(batch)])
+            moved += int(done)
+    return moved
 
 
 async def recover(runtime: Any, batch: int = BATCH) -> RecoverReport:
-    report = RecoverReport()
+    report = RecoverReport(upgraded=await upgrade_ready(runtime.durable, batch))
     after = ""
     while True:
         rows = await runtime.pg.fetch(_UNFINISHED, after, batch)
@@ -74,6 +92,8 @@ async def _main(settings: Settings) -> int:
         await runtime.close()
     print(f"scanned {report.scanned} unfinished items: {report.requeued} re-enqueued, "
           f"{report.present} still in Redis")
+    if report.upgraded:
+        print(f"moved {report.upgraded} items from the old ready sorted sets to the class lists")
     return 0
 
 

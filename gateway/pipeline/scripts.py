@@ -13,7 +13,7 @@ from gateway.redis_clients import AnyRedis
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
-         "purge")
+         "purge", "upgrade")
 
 
 def source(name: str) -> str:
@@ -35,6 +35,7 @@ class Scripts:
     requeue: Any
     release: Any
     purge: Any
+    upgrade: Any
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

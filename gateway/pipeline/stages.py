@@ -56,7 +56,32 @@ def _per_stage(kind: str, doc: str) -> Callable[[str], str]:
     return key
 
 
-ready_key = _per_stage("ready", "ZSET item -> score; lower pops first.")
+# The ready set of a stage is one LIST per score class ``base - bonus`` (9 classes). Every
+# script scores with Redis TIME at insertion, so within a class the stored score
+# base - bonus + 0.001 * (t - EPOCH) only grows: each class is FIFO and a list (~25 bytes an
+# entry) does the work of a sorted set (~110). FETCH pops the lowest of the class heads.
+CLASSES: tuple[int, ...] = tuple(sorted({base - bonus for base in (*PRIORITY_BASE.values(),
+                                                                   RECLAIM_BASE)
+                                         for bonus in TYPE_BONUS.values()}))
+
+
+def ready_class_key(stage: str, cls: int) -> str:
+    """LIST of "<score>|<item>" entries of one ``base - bonus`` class, oldest first."""
+    return keys.q("ready", stage, cls)
+
+
+def legacy_ready_key(stage: str) -> str:
+    """The ZSET item -> score that held a stage's ready set before the class lists (read
+    only by ``recover.upgrade_ready``)."""
+    return keys.q("ready", stage)
+
+
+def ready_keys(stage: str) -> tuple[str, ...]:
+    """The stage's class lists, in ``CLASSES`` order (scripts find a class by the key's
+    ``:<class>`` suffix)."""
+    return tuple(ready_class_key(stage, cls) for cls in CLASSES)
+
+
 lease_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")
 deadline_key = _per_stage("deadline", "ZSET item -> lease deadline ms (RECLAIM's index).")
 delayed_key = _per_stage("delayed", "ZSET item -> ms when a retry becomes due.")

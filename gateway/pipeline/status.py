@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.pipeline.stages import (
@@ -11,7 +13,7 @@ from gateway.pipeline.stages import (
     deadline_key,
     delayed_key,
     meta_key,
-    ready_key,
+    ready_keys,
 )
 from gateway.redis_clients import AnyRedis
 
@@ -76,19 +78,47 @@ async def job_status(runtime: Any, item_id: str) -> dict[str, Any] | None:
     return _from_journal(item_id, {r["stage"] for r in rows}, bool(archived))
 
 
+def _entry(entry: str) -> tuple[float, str]:
+    score, item = entry.split("|", 1)
+    return float(score), item
+
+
+def ready_order(class_lists: Iterable[list[str]]) -> list[str]:
+    """Item ids of a stage's class lists ("<score>|<item>" entries, each list oldest first,
+    lists in ``ready_keys`` order) in the order FETCH pops them: a merge by score, equal
+    scores from the earlier list first (``heapq.merge`` is stable)."""
+    merged = heapq.merge(*(map(_entry, entries) for entries in class_lists),
+                         key=lambda pair: pair[0])
+    return [item for _, item in merged]
+
+
+async def ready_items(durable: AnyRedis, stage: str) -> list[str]:
+    """Every item queued in ``stage``, best first (reads whole lists: admin and tests)."""
+    async with durable.pipeline(transaction=False) as pipe:
+        for key in ready_keys(stage):
+            pipe.lrange(key, 0, -1)
+        lists = await pipe.execute()
+    return ready_order(lists)
+
+
 async def queue_depths(durable: AnyRedis) -> dict[str, Any]:
-    """``{"stages": {stage: {"ready", "inflight", "delayed", "dead"}}}`` in one round trip."""
+    """``{"stages": {stage: {"ready", "inflight", "delayed", "dead"}}}`` in one round trip;
+    ready = the sum of the stage's class list lengths."""
     async with durable.pipeline(transaction=False) as pipe:
         for stage in STAGES:
-            pipe.zcard(ready_key(stage))
+            for key in ready_keys(stage):
+                pipe.llen(key)
             pipe.zcard(deadline_key(stage))
             pipe.zcard(delayed_key(stage))
             pipe.llen(dead_key(stage))
         counts = await pipe.execute()
     stages = {}
+    width = len(ready_keys(STAGES[0])) + 3
     for i, stage in enumerate(STAGES):
-        ready, inflight, delayed, dead = counts[4 * i: 4 * i + 4]
-        stages[stage] = {"ready": ready, "inflight": inflight, "delayed": delayed, "dead": dead}
+        row = counts[width * i: width * (i + 1)]
+        inflight, delayed, dead = row[-3:]
+        stages[stage] = {"ready": sum(row[:-3]), "inflight": inflight, "delayed": delayed,
+                         "dead": dead}
     return {"stages": stages}
 
 

@@ -14,15 +14,16 @@ from gateway import keys
 from gateway.adapters import signing
 from gateway.adapters.inbound import INBOUND
 from gateway.dedup import claims
-from gateway.pipeline.stages import meta_key, ready_key
+from gateway.pipeline.stages import meta_key
 from gateway.pipeline.status import document as stored_document
+from gateway.pipeline.status import ready_items
 from gateway.runtime import Runtime
 from tests.adapters.webhook_helpers import JSON, body_of, github, standard, stripe
 from tests.helpers import registry_violations
 
 
 async def queued(runtime: Runtime) -> set[str]:
-    return set(await runtime.durable.zrange(ready_key("store"), 0, -1))
+    return set(await ready_items(runtime.durable, "store"))
 
 
 async def dedup_keys(runtime: Runtime) -> list[str]:

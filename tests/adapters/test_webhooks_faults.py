@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import OutOfMemoryError
 
 from gateway import keys, redis_clients
-from gateway.pipeline.stages import ready_key
+from gateway.pipeline.status import ready_items
 from gateway.runtime import Runtime
 from gateway.security.brute import block_key, fail_key
 from gateway.web.app import create_app
@@ -70,7 +70,7 @@ async def test_maxmemory_is_503_and_keeps_what_was_accepted(
     # Nothing refused is half-written; everything accepted before is still queued.
     assert await rt.durable.exists(keys.dedup_webhook("demo", "during-oom")) == 0
     assert await rt.durable.exists(keys.dedup_job("oom-job")) == 0
-    assert set(await rt.durable.zrange(ready_key("store"), 0, -1)) == {
+    assert set(await ready_items(rt.durable, "store")) == {
         f"webhook:demo:{m}" for m in accepted}
     # A duplicate of an accepted delivery is still answered while the store is full.
     assert (await post(client, "before-1")).status == 200
@@ -78,7 +78,7 @@ async def test_maxmemory_is_503_and_keeps_what_was_accepted(
     await rt.durable.delete(*(f"filler:{i}" for i in range(filler)))
     retry = await post(client, "during-oom")
     assert retry.status == 202
-    assert len(await rt.durable.zrange(ready_key("store"), 0, -1)) == len(accepted) + 1
+    assert len(await ready_items(rt.durable, "store")) == len(accepted) + 1
 
 
 async def test_unreachable_durable_is_503_then_recovers(
@@ -93,7 +93,7 @@ async def test_unreachable_durable_is_503_then_recovers(
     assert (await down.json())["error"] == "store_unavailable"
     server.start()  # same port and data dir; the AOF brings back what was accepted
     assert (await post(client, "while-down")).status == 202
-    assert set(await rt.durable.zrange(ready_key("store"), 0, -1)) == {
+    assert set(await ready_items(rt.durable, "store")) == {
         "webhook:demo:first", "webhook:demo:while-down"}
 
 

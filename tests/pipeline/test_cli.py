@@ -8,7 +8,8 @@ import os
 import sys
 
 from gateway.pipeline import queue
-from gateway.pipeline.stages import dead_key, ready_key
+from gateway.pipeline.stages import dead_key, legacy_ready_key, ready_keys
+from gateway.pipeline.status import ready_items
 
 
 async def _gateway(servers, *args: str, config: str | None = None) -> tuple[int, str]:
@@ -38,7 +39,7 @@ async def test_deadletter_commands(runtime, servers):
     code, out = await _gateway(servers, "deadletter", "requeue", "--stage", "store",
                                "--limit", "1")
     assert code == 0 and "requeued 1" in out
-    assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["a"]
+    assert await ready_items(runtime.durable, "store") == ["a"]
     code, out = await _gateway(servers, "deadletter", "purge", "--stage", "store")
     assert code == 0 and "purged 2" in out
     assert await runtime.durable.llen(dead_key("store")) == 0
@@ -72,3 +73,19 @@ async def test_worker_refuses_a_bad_handler_setting(runtime, servers, tmp_path):
     config.write_text('[pipeline.handlers]\nembed = "no.such.module:embed"\n')
     code, out = await _gateway(servers, "worker", config=str(config))
     assert code == 2 and "[pipeline.handlers]" in out and "no.such" in out
+
+
+async def test_recover_moves_the_old_ready_sorted_set_into_the_class_lists(runtime, servers):
+    """A durable instance written before the class lists keeps its queued items in one ZSET
+    per stage; `gateway recover` moves them, best first, and FETCH then finds them."""
+    durable = runtime.durable
+    for item_id, priority in (("n", "normal"), ("c", "critical"), ("h", "high")):
+        assert await queue.enqueue(durable, item_id, {"text": item_id}, priority=priority)
+    await durable.delete(*ready_keys("store"))
+    await durable.zadd(legacy_ready_key("store"), {"n": 100.5, "c": 10.5, "h": 50.25})
+    code, out = await _gateway(servers, "recover")
+    assert code == 0 and "moved 3 items" in out
+    assert await durable.exists(legacy_ready_key("store")) == 0
+    assert await ready_items(durable, "store") == ["c", "h", "n"]
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    assert lease is not None and lease.item_id == "c" and lease.document == {"text": "c"}

@@ -6,7 +6,8 @@ from aiohttp import web
 
 from gateway.pipeline import deadletter, queue, search
 from gateway.pipeline.handlers import StageContext, chunk, embed, store
-from gateway.pipeline.stages import dead_key, meta_key, ready_key
+from gateway.pipeline.stages import dead_key, meta_key
+from gateway.pipeline.status import ready_items
 from tests.conftest import TEST_ADMIN_TOKEN
 from tests.helpers import wait_until
 
@@ -63,7 +64,7 @@ async def test_queues_deadletter_list_and_requeue(runtime, make_client):
     assert (await resp.json()) == {"stage": "store", "requeued": ["a"]}
     resp = await client.post("/v1/admin/deadletter/store/requeue", headers=AUTH)
     assert (await resp.json())["requeued"] == ["b"]
-    assert set(await runtime.durable.zrange(ready_key("store"), 0, -1)) == {"a", "b", "c"}
+    assert set(await ready_items(runtime.durable, "store")) == {"a", "b", "c"}
     lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
     assert lease.failures == 0 and lease.document is not None
 

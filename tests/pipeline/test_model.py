@@ -26,8 +26,9 @@ from gateway.pipeline.stages import (
     lease_key,
     meta_key,
     next_stage,
-    ready_key,
+    ready_keys,
 )
+from gateway.pipeline.status import ready_order
 
 ITEMS = st.sampled_from(["a", "b", "c", "d"])
 STAGE = st.sampled_from(STAGES)
@@ -185,7 +186,8 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def requeue(self, data: st.DataObject) -> None:
             stage = self._stage(data, ("dead",))
-            keys = [dead_key(stage), ready_key(stage), meta_key(), f"q:{{pipeline}}:stats:{stage}"]
+            keys = [dead_key(stage), meta_key(), f"q:{{pipeline}}:stats:{stage}",
+                    *ready_keys(stage)]
             reply = self.s["requeue"](keys=keys, args=["100", "0"])
             expected = {i for i, it in self.items.items()
                         if it.stage == stage and it.where == "dead"}
@@ -199,8 +201,8 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             for item_id, item in self.items.items():
                 places = []
                 for stage in STAGES:
-                    if self.r.zscore(ready_key(stage), item_id) is not None:
-                        places.append(("ready", stage))
+                    ready = ready_order(self.r.lrange(k, 0, -1) for k in ready_keys(stage))
+                    places += [("ready", stage)] * ready.count(item_id)
                     if self.r.zscore(delayed_key(stage), item_id) is not None:
                         places.append(("delayed", stage))
                     if self.r.hexists(lease_key(stage), item_id):

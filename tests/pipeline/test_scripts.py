@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import redis
 
 from gateway import keys
 from gateway.pipeline import queue
@@ -18,11 +19,13 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
+    lease_key,
     meta_key,
-    ready_key,
+    ready_class_key,
+    ready_keys,
     seen_key,
 )
-from gateway.pipeline.status import document, queue_depths
+from gateway.pipeline.status import document, queue_depths, ready_items
 from tests.helpers import registry_violations, wait_until
 
 DOC = {"text": "hello"}
@@ -35,7 +38,7 @@ async def test_enqueue_dedups_per_item_for_seven_days(runtime):
     assert await queue.enqueue(durable, "a", DOC) is False
     # Completed items stay deduplicated: the seen entry outlives the queue entry.
     await durable.hdel(meta_key(), "a")
-    await durable.zrem(ready_key("store"), "a")
+    await durable.delete(*ready_keys("store"))
     assert await queue.enqueue(durable, "a", DOC) is False
     first_seen = int(await durable.hget(seen_key("a"), "a"))
     # Still inside the window by a second: a duplicate, and first-seen does not move.
@@ -59,19 +62,21 @@ async def test_bad_priority_or_type_is_refused_before_redis(runtime):
 
 async def test_pop_order_equals_seed_formula(runtime):
     """Enqueue times are simulated by shifting the EPOCH argument: a score computed with
-    EPOCH - d equals one computed d ms later, so items 'enqueued' hours apart need no wait."""
+    EPOCH - d equals one computed d ms later, so items 'enqueued' hours apart need no wait.
+    They are ADDed in order of their simulated enqueue time, as real time would (each
+    priority class is a FIFO list), with priorities and types drawn at random."""
     durable = runtime.durable
     rng = random.Random(7)
     add = scripts_for(durable).add
     items = []
-    for i in range(40):
-        priority = rng.choice(list(PRIORITY_BASE))
-        doc_type = rng.choice(list(TYPE_BONUS))
-        offset_ms = rng.randrange(0, 48 * 3600 * 1000)  # enqueued up to 48 h later
-        k, a = queue.add_call(f"i{i}", DOC, priority, doc_type)
+    drawn = [(f"i{i}", rng.choice(list(PRIORITY_BASE)), rng.choice(list(TYPE_BONUS)),
+              rng.randrange(0, 48 * 3600 * 1000))  # enqueued up to 48 h later
+             for i in range(40)]
+    for item_id, priority, doc_type, offset_ms in sorted(drawn, key=lambda d: d[3]):
+        k, a = queue.add_call(item_id, DOC, priority, doc_type)
         a[7] = str(EPOCH_MS - offset_ms)
         assert await add(keys=k, args=a) == 1
-        items.append((f"i{i}", PRIORITY_BASE[priority], TYPE_BONUS[doc_type], offset_ms))
+        items.append((item_id, PRIORITY_BASE[priority], TYPE_BONUS[doc_type], offset_ms))
     now_s = 1e9  # any instant after all enqueues: `now` cancels between items
 
     def formula(item):
@@ -132,7 +137,7 @@ async def test_only_the_token_holder_acts(runtime):
     assert await queue.complete(durable, lease) is queue.LeaseResult.OK
     # Once completed, nobody holds it any more: a retried COMPLETE is refused, not repeated.
     assert await queue.complete(durable, lease) is queue.LeaseResult.NOT_LEASED
-    assert await durable.zcard(ready_key("chunk")) == 1
+    assert len(await ready_items(durable, "chunk")) == 1
 
 
 async def test_zombie_complete_after_reclaim_is_refused(runtime):
@@ -146,9 +151,9 @@ async def test_zombie_complete_after_reclaim_is_refused(runtime):
     assert fresh.base == 10  # reclaimed items come back with base 10
     assert await queue.complete(durable, zombie) is queue.LeaseResult.NOT_OWNER
     assert await queue.heartbeat(durable, zombie, 60_000) is queue.LeaseResult.NOT_OWNER
-    assert await durable.zcard(ready_key("chunk")) == 0
+    assert len(await ready_items(durable, "chunk")) == 0
     assert await queue.complete(durable, fresh) is queue.LeaseResult.OK
-    assert await durable.zrange(ready_key("chunk"), 0, -1) == ["a"]
+    assert await ready_items(durable, "chunk") == ["a"]
 
 
 async def test_fail_backs_off_then_dead_letters(runtime):
@@ -198,7 +203,7 @@ async def test_reclaim_is_bounded_per_call(runtime):
     assert (back, dead, more) == (10, 0, True)
     totals = await queue.reclaim_all(durable, max_reclaims=3, batch=10)
     assert totals["store"] == (15, 0)
-    assert await durable.zcard(ready_key("store")) == 25
+    assert len(await ready_items(durable, "store")) == 25
 
 
 async def _reclaimed(durable, max_reclaims: int) -> bool:
@@ -219,7 +224,7 @@ async def test_add_in_a_caller_pipeline_with_a_claim(runtime):
             pipe.set(keys.dedup_job("j1"), "in-progress", nx=True, ex=60)
             await queue.queue_add(pipe, "j1", DOC, priority="critical")
             assert await pipe.execute() == expected
-    assert await durable.zcard(ready_key("store")) == 1
+    assert len(await ready_items(durable, "store")) == 1
 
 
 async def test_script_flush_mid_run_reloads(runtime):
@@ -235,3 +240,65 @@ async def test_script_flush_mid_run_reloads(runtime):
     await durable.script_flush()
     assert await queue.enqueue(durable, "c", DOC) is True
     assert await queue.fetch(durable, "chunk", "w", 60_000) is not None
+
+
+async def test_batched_fetch_merges_the_class_lists_in_score_order(runtime):
+    """One FETCH of several items takes them from several class lists in score order and
+    leaves the rest queued, best first."""
+    durable = runtime.durable
+    order = [("n1", "normal", "other"), ("c1", "critical", "code"), ("h1", "high", "api_docs"),
+             ("n2", "normal", "api_docs"), ("c2", "critical", "other"), ("h2", "high", "other")]
+    for item_id, priority, doc_type in order:
+        assert await queue.enqueue(durable, item_id, DOC, priority=priority,
+                                   doc_type=doc_type) is True
+    expected = ["c1", "c2", "h1", "h2", "n2", "n1"]  # by base - bonus, then enqueue time
+    assert await ready_items(durable, "store") == expected
+    first = await queue.fetch_many(durable, "store", "w", 60_000, 4)
+    assert [lease.item_id for lease in first] == expected[:4]
+    assert await ready_items(durable, "store") == expected[4:]
+    assert (await queue_depths(durable))["stages"]["store"]["ready"] == 2
+    rest = await queue.fetch_many(durable, "store", "w", 60_000, 64)
+    assert [lease.item_id for lease in rest] == expected[4:]
+    assert await durable.exists(*ready_keys("store")) == 0
+
+
+async def test_fetch_skips_a_stale_ready_entry(runtime):
+    """An entry whose meta no longer says "queued in this stage" is dropped, not leased."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    await queue.enqueue(durable, "b", DOC)
+    raw = await durable.hget(meta_key(), "a")
+    await durable.hset(meta_key(), "a", raw.replace("store|q|", "chunk|q|", 1))
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    assert lease is not None and lease.item_id == "b"
+    assert await durable.hget(meta_key(), "a") == raw.replace("store|q|", "chunk|q|", 1)
+    assert await ready_items(durable, "store") == []
+
+
+async def test_equal_scores_across_classes_pop_the_lower_class_first(runtime):
+    """An exact tie between two classes goes to the more urgent class, in FETCH and in
+    ``ready_items`` alike (not to the smaller item id, as a sorted set would)."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high")  # class 50
+    await queue.enqueue(durable, "z", DOC, priority="high", doc_type="code")  # class 47
+    await durable.delete(*ready_keys("store"))
+    await durable.rpush(ready_class_key("store", 50), "60.000000|a")
+    await durable.rpush(ready_class_key("store", 47), "60.000000|z")
+    assert await ready_items(durable, "store") == ["z", "a"]
+    leases = await queue.fetch_many(durable, "store", "w", 60_000, 2)
+    assert [lease.item_id for lease in leases] == ["z", "a"]
+
+
+async def test_complete_with_a_wrong_class_list_changes_nothing(runtime):
+    """COMPLETE resolves the next stage's class list before writing: a caller passing the
+    wrong one gets an error and the item stays leased (RECLAIM would return it)."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high")
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    assert lease is not None
+    keys, args = queue.complete_call("store", "a", lease.token, 97)
+    with pytest.raises(redis.exceptions.ResponseError, match="no ready list for class"):
+        await scripts_for(durable).complete(keys=keys, args=args)
+    assert await durable.hexists(lease_key("store"), "a")
+    assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    assert await ready_items(durable, "chunk") == ["a"]

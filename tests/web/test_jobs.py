@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from gateway import keys
 from gateway.adapters.inbound import INBOUND
 from gateway.dedup import claims
-from gateway.pipeline.stages import meta_key, ready_key
-from gateway.pipeline.status import document
+from gateway.pipeline.stages import meta_key
+from gateway.pipeline.status import document, ready_items
 from gateway.runtime import Runtime
 from tests.helpers import registry_violations
 
@@ -31,7 +31,7 @@ async def test_job_with_id_is_idempotent(client: Any, runtime: Runtime) -> None:
     assert again.status == 200
     assert await again.json() == {"status": "duplicate", "item_id": "doc-42"}
 
-    assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["doc-42"]
+    assert await ready_items(runtime.durable, "store") == ["doc-42"]
     assert await document(runtime.durable, "doc-42") == DOC
     # high (50) minus the api_docs bonus (5): "stage|status|base|bonus|failures|reclaims"
     stage, status, base, bonus, *_ = (await runtime.durable.hget(meta_key(), "doc-42")).split("|")
@@ -56,7 +56,7 @@ async def test_job_without_id_gets_a_fresh_item_each_time(client: Any,
                for _ in range(2)]
     assert [a["status"] for a in answers] == ["accepted", "accepted"]
     assert answers[0]["item_id"] != answers[1]["item_id"]
-    assert await runtime.durable.zcard(ready_key("store")) == 2
+    assert len(await ready_items(runtime.durable, "store")) == 2
     assert [k async for k in runtime.durable.scan_iter("dedup:*")] == []
 
 
@@ -65,7 +65,7 @@ async def test_priority_orders_the_queue(client: Any, runtime: Runtime) -> None:
         response = await client.post("/v1/jobs", json={"job_id": job_id, "priority": priority,
                                                        "document": DOC})
         assert response.status == 202
-    assert await runtime.durable.zrange(ready_key("store"), 0, -1) == ["c", "h", "n"]
+    assert await ready_items(runtime.durable, "store") == ["c", "h", "n"]
 
 
 @pytest.mark.parametrize(("body", "fragment"), [

@@ -27,6 +27,64 @@ local function score(m, now, epoch)
   return string.format('%.6f', m.base - m.bonus + (now - epoch) / 1000000)
 end
 
+-- Ready sets: one LIST per `base - bonus` class of a stage, entries "<score>|<item>", oldest
+-- first. Every insertion is scored with the current TIME, so each list is sorted by score.
+-- The class lists are the LAST keys of a script, KEYS[first..#KEYS]; a class's list is the
+-- one whose name ends in ":<base - bonus>".
+local function class_list(first, m)
+  local want = ':' .. (m.base - m.bonus)
+  for i = first, #KEYS do
+    if string.sub(KEYS[i], -#want) == want then return KEYS[i] end
+  end
+  error('no ready list for class ' .. want)
+end
+
+local function ready_push(first, m, now, epoch, item)
+  redis.call('RPUSH', class_list(first, m), score(m, now, epoch) .. '|' .. item)
+end
+
+local function ready_head(l)
+  local entry = l.entries[l.pos]
+  if not entry then
+    l.item = nil
+    return
+  end
+  local s, item = string.match(entry, '^([^|]*)|(.*)$')
+  l.score, l.item = tonumber(s), item
+end
+
+-- Pop up to `count` items in score order: a merge of the class lists' first `count` entries
+-- (equal scores: the earlier list in KEYS, i.e. the lower class, first; no string compare,
+-- which in Lua would follow the server's locale), then one LTRIM per list that gave any.
+local function ready_pop(first, count)
+  local lists = {}
+  for i = first, #KEYS do
+    local entries = redis.call('LRANGE', KEYS[i], 0, count - 1)
+    if #entries > 0 then
+      local l = {key = KEYS[i], entries = entries, pos = 1}
+      ready_head(l)
+      lists[#lists + 1] = l
+    end
+  end
+  local out = {}
+  while #out < count do
+    local best = nil
+    for _, l in ipairs(lists) do
+      if l.item and (best == nil or l.score < best.score) then
+        best = l
+      end
+    end
+    if not best then break end
+    out[#out + 1] = best.item
+    best.pos = best.pos + 1
+    ready_head(best)
+  end
+  for _, l in ipairs(lists) do
+    if l.pos > 1 then redis.call('LTRIM', l.key, l.pos - 1, -1) end
+  end
+  return out
+end
+
 -- Lease value: "token|worker|started_ms". Answers 1 when `token` holds it, -1 when nobody
 -- holds it, -2 when someone else does.
 local function check_lease(lease_key, item, token)

@@ -1,5 +1,6 @@
 -- ADD: enqueue an item into a stage unless it was seen within the dedup window.
--- KEYS: seen bucket (hash item -> first seen ms), meta, ready(stage), stats(stage)
+-- KEYS: seen bucket (hash item -> first seen ms), meta, stats(stage), the stage's ready list
+--       of the item's class
 -- ARGV: item, payload ('' = none), base, bonus, window_ms, force(0|1), stage, epoch_ms,
 --       trim_sample
 -- force=1 (recover, requeue) skips the seen check but never duplicates a present item.
@@ -24,6 +25,6 @@ if not first then redis.call('HSET', KEYS[1], item, now) end
 local m = {stage = ARGV[7], status = 'q', base = tonumber(ARGV[3]), bonus = tonumber(ARGV[4]),
            failures = 0, reclaims = 0, payload = ARGV[2]}
 meta_put(KEYS[2], item, m)
-redis.call('ZADD', KEYS[3], score(m, now, tonumber(ARGV[8])), item)
-redis.call('HINCRBY', KEYS[4], 'enqueued', 1)
+ready_push(4, m, now, tonumber(ARGV[8]), item)
+redis.call('HINCRBY', KEYS[3], 'enqueued', 1)
 return 1

@@ -1,24 +1,29 @@
 -- COMPLETE: the token holder finished the stage; move the item into the next stage.
--- KEYS: lease, deadline, meta, stats, [next ready, next stats]
+-- KEYS: lease, deadline, meta, stats, [next stats, the next stage's ready list of the item's
+--       class, or all of its ready lists]
 -- ARGV: item, token, next_stage ('' = final), epoch_ms, drop_payload(0|1)
 -- Returns 1, or -1 (no lease) / -2 (another token holds it).
 local item = ARGV[1]
 local code = check_lease(KEYS[1], item, ARGV[2])
 if code ~= 1 then return code end
+local m, list = nil, nil
+if ARGV[3] ~= '' then
+  m = meta_get(KEYS[3], item)
+  list = class_list(6, m)  -- before any write: a wrong class key fails without side effects
+end
 redis.call('HDEL', KEYS[1], item)
 redis.call('ZREM', KEYS[2], item)
 redis.call('HINCRBY', KEYS[4], 'completed', 1)
-if ARGV[3] == '' then
+if not m then
   redis.call('HDEL', KEYS[3], item)
   return 1
 end
-local m = meta_get(KEYS[3], item)
 m.stage = ARGV[3]
 m.status = 'q'
 m.failures = 0
 m.reclaims = 0
 if ARGV[5] == '1' then m.payload = '' end
 meta_put(KEYS[3], item, m)
-redis.call('ZADD', KEYS[5], score(m, now_ms(), tonumber(ARGV[4])), item)
-redis.call('HINCRBY', KEYS[6], 'enqueued', 1)
+redis.call('RPUSH', list, score(m, now_ms(), tonumber(ARGV[4])) .. '|' .. item)
+redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
 return 1

@@ -1,7 +1,7 @@
 -- RECLAIM: leases past their deadline go back to the stage with the reclaim base priority, or
 -- to the dead letters after max_reclaims. Bounded by `batch`; atomic, so several processes
 -- may run it at once and each expired lease is handled exactly once.
--- KEYS: lease, deadline, ready, dead, meta, stats
+-- KEYS: lease, deadline, dead, meta, stats, ready lists...
 -- ARGV: batch, max_reclaims, reclaim_base, epoch_ms
 -- Returns {reclaimed, dead_lettered, more (0|1)}.
 local now = now_ms()
@@ -11,18 +11,18 @@ local back, dead = 0, 0
 for _, item in ipairs(expired) do
   redis.call('ZREM', KEYS[2], item)
   redis.call('HDEL', KEYS[1], item)
-  local m = meta_get(KEYS[5], item)
+  local m = meta_get(KEYS[4], item)
   if m then
     m.reclaims = m.reclaims + 1
-    redis.call('HINCRBY', KEYS[6], 'reclaimed', 1)
+    redis.call('HINCRBY', KEYS[5], 'reclaimed', 1)
     if m.reclaims > tonumber(ARGV[2]) then
-      dead_letter(KEYS[4], KEYS[5], KEYS[6], item, m, 'lease expired', now)
+      dead_letter(KEYS[3], KEYS[4], KEYS[5], item, m, 'lease expired', now)
       dead = dead + 1
     else
       m.base = tonumber(ARGV[3])
       m.status = 'q'
-      meta_put(KEYS[5], item, m)
-      redis.call('ZADD', KEYS[3], score(m, now, tonumber(ARGV[4])), item)
+      meta_put(KEYS[4], item, m)
+      ready_push(6, m, now, tonumber(ARGV[4]), item)
       back = back + 1
     end
   end
