@@ -41,7 +41,11 @@ def is_cluster_run() -> bool:
 
 
 def _redis_cli() -> str:
+    """redis-cli on PATH, else the valkey-cli beside the embedded valkey-server."""
     found = shutil.which("redis-cli") or shutil.which("valkey-cli")
+    if not found:
+        beside = Path(embedded.find_redis_server()).with_name("valkey-cli")
+        found = str(beside) if beside.exists() else None
     if not found:
         raise embedded.EmbeddedError("redis-cli (or valkey-cli) is needed to create a cluster")
     return found
