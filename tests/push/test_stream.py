@@ -265,3 +265,24 @@ async def test_a_burst_larger_than_the_buffer_reaches_a_client_that_keeps_up(
     assert [e.id for e in got] == [f"pipeline:{i}" for i in range(1, 11)]
     assert hub_of(client).subscriber_count == 1
     resp.close()
+
+
+async def test_rows_stay_in_order_when_a_stream_switches_between_direct_and_buffered(
+        runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two streams (one on two topics, so it builds its own events); the socket "backs up"
+    # and recovers between batches, moving rows between the hub's direct write and the
+    # stream task's buffered write. Every row must still arrive once, in order.
+    client = await push_server()
+    single = await client.get("/v1/stream", params={"topics": "pipeline"})
+    double = await client.get("/v1/stream", params={"topics": "pipeline,conversation:a"})
+    expected: list[int] = []
+    for high_water in (sse.DIRECT_HIGH_WATER, -1, sse.DIRECT_HIGH_WATER, -1):
+        monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", high_water)
+        expected += await _append(runtime, "pipeline", 5)
+    got_single = await _events(single, len(expected))
+    got_double = await _events(double, len(expected))
+    assert [json.loads(e.data)["offset"] for e in got_single] == expected == list(range(1, 21))
+    assert [json.loads(e.data)["offset"] for e in got_double] == expected
+    assert got_double[-1].id == "pipeline:20,conversation:a:0"
+    single.close()
+    double.close()
