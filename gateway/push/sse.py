@@ -17,10 +17,14 @@ from dataclasses import dataclass
 
 import asyncpg
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11
 
 from gateway.push import cursor as cursors
 from gateway.push import feed, metrics
 from gateway.push.feed import FeedError, FeedRow
+from gateway.push.frames import Frame, event_text
+from gateway.push.frames import chunk as chunk_frame
 from gateway.push.hub import Disconnected, Hub, Subscriber
 from gateway.push.settings import PushSettings
 from gateway.web.errors import ApiError
@@ -29,6 +33,10 @@ log = logging.getLogger("gateway.push")
 
 # Named event the server sends right before it closes a stream on purpose.
 DISCONNECT_EVENT = "gateway.disconnect"
+# The hub writes straight to a client's socket only while less than this is waiting in its
+# send buffer (asyncio's default high-water mark); above it rows wait in the subscriber's
+# bounded buffer and the stream's task writes them, waiting for the socket to drain.
+DIRECT_HIGH_WATER = 64 * 1024
 
 
 def parse_topics(text: str | None, limit: int) -> tuple[str, ...]:
@@ -79,6 +87,11 @@ class _Stream:
             "X-Stream-Cursor": self.cursor(),
             "X-Stream-Epochs": ",".join(f"{t}:{p.epoch}" for t, p in positions.items()),
         })
+        if request.version == HttpVersion11:
+            # Explicit (aiohttp would choose it anyway) so the direct path knows the framing.
+            self.response.enable_chunked_encoding()
+        self.writer: AbstractStreamWriter | None = None
+        self.transport: asyncio.Transport | None = None
 
     def cursor(self) -> str:
         if len(self.positions) == 1:  # the common case, once per event: keep it cheap
@@ -91,11 +104,35 @@ class _Stream:
         sub = self.sub
         sub.writing_since = time.monotonic()
         await self.response.write(text.encode())
+        if self.writer is not None:
+            # aiohttp drains only every 64 KiB it wrote itself; the direct path writes
+            # around it, so wait here for a socket above its high-water mark.
+            await self.writer.drain()
         sub.writing_since = None
         sub.last_write = time.monotonic()
 
     def _event(self, row: FeedRow) -> str:
-        return f"id: {self.cursor()}\nevent: {row.kind}\ndata: {row.wire}\n\n"
+        return event_text(self.cursor(), row)
+
+    def direct(self, row: FeedRow, frame: Frame) -> bool:
+        """Called by the hub, synchronously, while this stream's task is idle: write the
+        row now if it is the next one for its topic and the socket is keeping up."""
+        pos = self.positions.get(row.topic)
+        transport = self.transport
+        if (pos is None or row.epoch != pos.epoch or row.offset != pos.offset + 1
+                or transport is None or transport.is_closing()
+                or transport.get_write_buffer_size() > DIRECT_HIGH_WATER):
+            return False
+        pos.offset = row.offset
+        if len(self.positions) == 1:  # the id is "<topic>:<offset>": the shared bytes
+            data = frame.chunked if self.response.chunked else frame.event
+        else:
+            data = self._event(row).encode()
+            if self.response.chunked:
+                data = chunk_frame(data)
+        transport.write(data)
+        self.sub.last_write = time.monotonic()
+        return True
 
     async def replay(self, topics: tuple[str, ...]) -> None:
         """Send every row after the current positions of ``topics``, straight from the feed."""
@@ -151,8 +188,10 @@ class _Stream:
             metrics.ROWS_SENT.inc(len(chunks))  # once per write, not per row
 
     async def run(self) -> None:
-        await self.response.prepare(self.request)
+        self.writer = await self.response.prepare(self.request)
+        self.transport = self.request.transport
         await self.write(": connected\n\n")
+        self.sub.direct = self.direct
         await self.replay(self.sub.topics)
         while True:
             rows = await self.sub.take()

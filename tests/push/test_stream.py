@@ -8,9 +8,10 @@ import time
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client import REGISTRY
 
-from gateway.push import feed
+from gateway.push import feed, sse
 from gateway.push.client import SseEvent, iter_sse
 from gateway.runtime import Runtime
 from tests.helpers import wait_until
@@ -125,8 +126,11 @@ async def test_resume_by_last_event_id_loses_and_repeats_nothing(runtime: Runtim
     second.close()
 
 
-async def test_too_slow_client_is_disconnected_with_a_reason(runtime: Runtime,
-                                                             push_server: Any) -> None:
+async def test_too_slow_client_is_disconnected_with_a_reason(
+        runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client that does not keep up: its socket counts as above the high-water mark, so the
+    # hub buffers rows for it instead of writing them straight away.
+    monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", -1)
     closed_before = REGISTRY.get_sample_value(
         "gateway_push_streams_closed_total", {"reason": "too_slow"}) or 0
     client = await push_server(client_buffer_rows=3)
@@ -244,3 +248,41 @@ async def test_rows_arrive_by_signal_alone(runtime: Runtime, push_server: Any) -
     assert [r["offset"] for r in rows] == [1, 2, 3, big.offset]
     assert rows[3]["payload"]["text"] == "x" * 20000
     resp.close()
+
+
+async def test_a_burst_larger_than_the_buffer_reaches_a_client_that_keeps_up(
+        runtime: Runtime, push_server: Any) -> None:
+    # The hub writes each row straight to the socket of an idle stream: nothing waits in
+    # the 3-row buffer, so a 10-row burst is delivered whole, once each, in order.
+    client = await push_server(client_buffer_rows=3)
+    resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        for i in range(10):
+            row = await feed.append(conn, "pipeline", "store", {"i": i})
+    await feed.publish(runtime.cache, row)
+    got = await _events(resp, 10)
+    assert [json.loads(e.data)["offset"] for e in got] == list(range(1, 11))
+    assert [e.id for e in got] == [f"pipeline:{i}" for i in range(1, 11)]
+    assert hub_of(client).subscriber_count == 1
+    resp.close()
+
+
+async def test_rows_stay_in_order_when_a_stream_switches_between_direct_and_buffered(
+        runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two streams (one on two topics, so it builds its own events); the socket "backs up"
+    # and recovers between batches, moving rows between the hub's direct write and the
+    # stream task's buffered write. Every row must still arrive once, in order.
+    client = await push_server()
+    single = await client.get("/v1/stream", params={"topics": "pipeline"})
+    double = await client.get("/v1/stream", params={"topics": "pipeline,conversation:a"})
+    expected: list[int] = []
+    for high_water in (sse.DIRECT_HIGH_WATER, -1, sse.DIRECT_HIGH_WATER, -1):
+        monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", high_water)
+        expected += await _append(runtime, "pipeline", 5)
+    got_single = await _events(single, len(expected))
+    got_double = await _events(double, len(expected))
+    assert [json.loads(e.data)["offset"] for e in got_single] == expected == list(range(1, 21))
+    assert [json.loads(e.data)["offset"] for e in got_double] == expected
+    assert got_double[-1].id == "pipeline:20,conversation:a:0"
+    single.close()
+    double.close()
