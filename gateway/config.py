@@ -287,6 +287,25 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError("MATTERMOST_TOKEN", "is required when MATTERMOST_URL is set")
 
 
+def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],
+                     label: str) -> dict[str, int | float]:
+    """A TOML table of positive tunables: ``types`` maps each allowed key to its field type
+    (``int`` or ``"int"``, anything else is a float); errors name ``<label>.<key>``."""
+    values: dict[str, int | float] = {}
+    for name, raw in section.items():
+        if name not in types:
+            raise ConfigError(f"{label}.{name}", "unknown setting")
+        kind = int if types[name] in ("int", int) else float
+        try:
+            value = kind(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{label}.{name}", f"must be a number (got {raw!r})") from None
+        if value <= 0:
+            raise ConfigError(f"{label}.{name}", "must be positive")
+        values[name] = value
+    return values
+
+
 def env_name(fieldname: str) -> str:
     """The variable that sets a settings field, for error messages of later checks."""
     return _FIELD_TO_ENV.get(fieldname, fieldname)

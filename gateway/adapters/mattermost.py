@@ -20,7 +20,7 @@ from aiohttp import web
 from gateway.adapters import mattermost_health as health
 from gateway.adapters.mattermost_client import Post
 from gateway.adapters.mattermost_listener import Listener, ListenerConfig, PostHandler, Send
-from gateway.config import ConfigError, Settings
+from gateway.config import ConfigError, Settings, positive_numbers
 from gateway.runtime import Runtime, open_runtime
 from gateway.web.health import add_readiness_check
 
@@ -36,16 +36,8 @@ def listener_config(settings: Settings) -> ListenerConfig:
         raise ConfigError("MATTERMOST_URL", "is required to run the Mattermost listener")
     values: dict[str, float | int] = {"lease_seconds": float(settings.listener_lease_seconds),
                                       "dedup_ttl": settings.dedup_ttl}
-    for name, raw in settings.section("mattermost").items():
-        if name not in _TUNABLE:
-            raise ConfigError(f"GATEWAY_CONFIG [mattermost].{name}", "unknown setting")
-        try:
-            value = float(raw) if _TUNABLE[name] == "float" else int(raw)
-        except (TypeError, ValueError):
-            raise ConfigError(f"GATEWAY_CONFIG [mattermost].{name}", "must be a number") from None
-        if value <= 0:
-            raise ConfigError(f"GATEWAY_CONFIG [mattermost].{name}", "must be positive")
-        values[name] = value
+    values.update(positive_numbers(settings.section("mattermost"), _TUNABLE,
+                                   "GATEWAY_CONFIG [mattermost]"))
     return ListenerConfig(url=settings.mattermost_url, token=settings.mattermost_token.get(),
                           **values)  # type: ignore[arg-type]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gateway.config import ConfigError, Settings
+from gateway.config import Settings, positive_numbers
 
 
 @dataclass(frozen=True)
@@ -29,22 +29,6 @@ class PushSettings:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PushSettings:
-        section = settings.section("push")
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            if spec.name not in section:
-                continue
-            raw = section[spec.name]
-            kind = int if spec.type in ("int", int) else float
-            try:
-                value = kind(raw)
-            except (TypeError, ValueError):
-                raise ConfigError(f"[push].{spec.name}",
-                                  f"must be a number (got {raw!r})") from None
-            if value <= 0:
-                raise ConfigError(f"[push].{spec.name}", "must be positive")
-            values[spec.name] = value
-        unknown = set(section) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"[push].{sorted(unknown)[0]}", "unknown setting")
+        types = {spec.name: spec.type for spec in fields(cls)}
+        values: dict[str, Any] = positive_numbers(settings.section("push"), types, "[push]")
         return cls(**values)
