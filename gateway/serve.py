@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import signal
 import sys
@@ -64,6 +65,9 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
         await site.start()
         url = f"http://{settings.host}:{_bound_port(runner, settings.port)}"
         log.info("serving on %s", url)
+        # What exists now (modules, the app, pools) lives as long as the process: keep it out
+        # of the cyclic collector's full passes, which otherwise walk it again and again.
+        gc.freeze()
         tasks = [asyncio.create_task(service(runtime, stop)) for service in services]
         if on_ready:
             on_ready(url)

@@ -65,7 +65,11 @@ async def read_body(request: web.Request) -> bytes:
     Content-Length for the size middleware to check, so the count happens while reading."""
     limit = request.app[INBOUND].settings.max_body_bytes
     if request.content_length is not None and request.content_length <= limit:
-        return await request.read()  # declared and within the limit (aiohttp enforces it)
+        # Declared and within the limit (aiohttp enforces it). A small body usually arrived
+        # with the headers and is complete already: take it without a read loop.
+        if request.content.is_eof():
+            return request.content.read_nowait()
+        return await request.read()
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(READ_CHUNK):

@@ -18,13 +18,13 @@ import base64
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from aiohttp import web
 
 from gateway import keys
 from gateway.adapters import signing
-from gateway.adapters.documents import parse_json, webhook_document
+from gateway.adapters.documents import parse_json_text, webhook_payload
 from gateway.adapters.inbound import (
     INBOUND,
     Inbound,
@@ -47,7 +47,7 @@ def item_id_for(source: str, delivery_id: str) -> str:
 class Verified(NamedTuple):
     source: str
     delivery_id: str
-    document: dict[str, Any]
+    payload: str  # the pipeline document, JSON-encoded
 
 
 async def _verify(request: web.Request, inbound: Inbound) -> Verified:
@@ -61,7 +61,8 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
     body = await read_body(request)
     try:
         delivery_id = signing.verify(source, request.headers, body)
-        document = webhook_document(name, delivery_id, parse_json(body))
+        text, value = parse_json_text(body)
+        payload = webhook_payload(name, delivery_id, text, value)
     except signing.SignatureError as exc:
         blocked_for = await inbound.barrier.record_failure(ip)
         if blocked_for:
@@ -69,7 +70,7 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
         raise ApiError(401, "bad_signature", str(exc)) from None
     except signing.MalformedError as exc:
         raise ApiError(400, "malformed", str(exc)) from None
-    return Verified(name, delivery_id, document)
+    return Verified(name, delivery_id, payload)
 
 
 async def receive(request: web.Request) -> web.Response:
@@ -77,7 +78,7 @@ async def receive(request: web.Request) -> web.Response:
     verified = await _verify(request, inbound)
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(
-        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.document)
+        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload)
     return intake_answer(outcome, item_id)
 
 

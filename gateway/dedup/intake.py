@@ -1,8 +1,12 @@
 """Claim and enqueue in one round trip: the inbound path's only write.
 
-One batch on the shared ``AutoPipeline`` carries ``SET <claim> in-progress NX EX ttl`` and the
-pipeline's ADD script for the item. ADD is itself idempotent per item id (its 7-day seen
-window), so the item is accepted exactly when ADD answers 1, whoever holds the claim:
+On a single instance (or a Sentinel primary) both are one call of the ``claim_add`` script
+(``gateway/pipeline/lua/claim_add.lua``): ``SET <claim> done NX EX ttl`` followed by the
+pipeline's ADD, atomically. The item is accepted exactly when ADD answers 1, whoever holds the
+claim; on a full instance the claim is refused with the rest, so nothing needs releasing.
+
+On Redis Cluster the claim and ADD hash to different slots, so they go out as two commands in
+one batch (one round trip per node), and the claim passes through ``in-progress``:
 
 * claim won, ADD 1: accepted; the claim becomes ``done``.
 * ADD 0: a duplicate (the item is already in the pipeline); a won claim becomes ``done``.
@@ -11,9 +15,7 @@ window), so the item is accepted exactly when ADD answers 1, whoever holds the c
 * claim lost, ADD failed: a duplicate; the claim's holder answers for the item.
 
 Because ADD runs even behind a lost claim, a claim stuck ``in-progress`` (its release failed
-along with the store) cannot swallow the retry of a delivery that was never enqueued. On
-Redis Cluster the claim and ADD hash to different slots; the ``AutoPipeline`` then sends each
-batch as a cluster pipeline (one round trip per node) instead of coalescing requests.
+along with the store) cannot swallow the retry of a delivery that was never enqueued.
 """
 
 from __future__ import annotations
@@ -49,15 +51,44 @@ class Intaker:
     def __init__(self, auto: AutoPipeline, ttl: int) -> None:
         self.auto = auto
         self.ttl = ttl
-        self._add = scripts_for(auto.redis).add
+        scripts = scripts_for(auto.redis)
+        self._add = scripts.add
+        self._claim_add = scripts.claim_add
+        self._ttl_arg = str(ttl)
+        # One script when the claim and the item share one keyspace; tests switch it off to
+        # drive the cluster's two-command path on a single instance.
+        self.atomic = not auto.cluster
         self._enqueued = metrics.ENQUEUED.labels("store")
 
-    async def submit(self, claim_key: str | None, item_id: str, document: dict[str, Any], *,
+    async def submit(self, claim_key: str | None, item_id: str,
+                     document: dict[str, Any] | str, *,
                      priority: str = "normal", doc_type: str = "other") -> Intake:
-        """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue."""
+        """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue
+        ``document`` (a dict, or its JSON already encoded)."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type)
-        token = f"{claims.IN_PROGRESS}:{_TOKEN_PREFIX}-{next(_counter)}"
+        if claim_key is not None and self.atomic:
+            added = await self._claim_and_add([*add_keys, claim_key], [*add_args, self._ttl_arg])
+        else:
+            added = await self._claim_then_add(claim_key, add_keys, add_args)
+        if int(added):
+            self._enqueued.inc()
+            return Intake.ACCEPTED
+        return Intake.DUPLICATE
 
+    async def _claim_and_add(self, keys: list[str], args: list[str]) -> Any:
+        """One atomic script: whatever fails (even the round trip) leaves no claim to undo."""
+        script = self._claim_add
+        (added,) = await self.auto.batch([("EVALSHA", script.sha, len(keys), *keys, *args)])
+        if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
+            added = await script(keys=keys, args=args)
+        if isinstance(added, Exception):
+            raise added
+        return added
+
+    async def _claim_then_add(self, claim_key: str | None, add_keys: list[str],
+                              add_args: list[str]) -> Any:
+        """Cluster (or no claim): claim and ADD as two commands of one batch."""
+        token = f"{claims.IN_PROGRESS}:{_TOKEN_PREFIX}-{next(_counter)}"
         # EVALSHA directly: a script object on a pipeline costs a SCRIPT EXISTS per flush.
         add = ("EVALSHA", self._add.sha, len(add_keys), *add_keys, *add_args)
         commands = [add] if claim_key is None else [
@@ -66,11 +97,11 @@ class Intaker:
         added = replies[-1]
         claim_reply = replies[0] if claim_key is not None else None
         won = claim_reply == "OK"
-        if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
+        if isinstance(added, NoScriptError):
             added = await _result(self._add(keys=add_keys, args=add_args))
         if isinstance(added, Exception):
             if claim_key is not None and claim_reply is None:
-                return Intake.DUPLICATE  # held by another delivery, which answers for it
+                return 0  # held by another delivery, which answers for it
             if won:
                 await self._release(claim_key, token)
             raise added
@@ -78,10 +109,7 @@ class Intaker:
             # Not awaited: if this write is lost the in-progress claim simply expires, and
             # ADD's own window keeps rejecting the item meanwhile.
             self.auto.send_nowait([("SET", claim_key, claims.DONE, "EX", self.ttl)])
-        if int(added):
-            self._enqueued.inc()
-            return Intake.ACCEPTED
-        return Intake.DUPLICATE
+        return added
 
     async def _batch(self, commands: list[Any], claim_key: str | None,
                      token: str) -> list[Any]:

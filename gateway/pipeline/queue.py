@@ -75,7 +75,8 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 
 # add_call runs on every inbound request that enqueues (webhooks, /v1/jobs): everything that
 # does not depend on the item is built once here, not per call.
-_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+encode_document = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+"""The compact JSON an item's document travels in (ADD's payload argument)."""
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
 _ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
@@ -85,7 +86,7 @@ _ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 
 
-def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "normal",
+def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str = "normal",
              doc_type: str = "other", *, stage: str = "store",
              force: bool = False) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``."""
@@ -98,7 +99,12 @@ def add_call(item_id: str, document: dict[str, Any] | None, priority: str = "nor
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
         raise
-    payload = "" if document is None else _ENCODE(document)
+    if document is None:
+        payload = ""
+    elif isinstance(document, str):  # encoded already (``encode_document`` or equivalent)
+        payload = document
+    else:
+        payload = encode_document(document)
     args = [item_id, payload, base, bonus, _WINDOW_ARG, "1" if force else "0", stage,
             _EPOCH_ARG, _TRIM_ARG]
     return keys, args

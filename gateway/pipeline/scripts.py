@@ -13,12 +13,19 @@ from gateway.redis_clients import AnyRedis
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
-         "purge", "upgrade")
+         "purge", "upgrade", "claim_add")
+# Scripts that call another script's body as a local function: name -> (function, script).
+_EMBEDS = {"claim_add": ("add_item", "add")}
 
 
 def source(name: str) -> str:
     prelude = (LUA_DIR / "_prelude.lua").read_text()
-    return prelude + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+    body = (LUA_DIR / f"{name}.lua").read_text()
+    if name in _EMBEDS:
+        function, embedded = _EMBEDS[name]
+        body = (f"local function {function}()\n{(LUA_DIR / f'{embedded}.lua').read_text()}"
+                f"end\n{body}")
+    return prelude + "\n" + body
 
 
 _SOURCES = {name: source(name) for name in NAMES}
@@ -36,6 +43,7 @@ class Scripts:
     release: Any
     purge: Any
     upgrade: Any
+    claim_add: Any
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

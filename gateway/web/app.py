@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.runtime import Runtime
 from gateway.web.keys import RUNTIME
-from gateway.web.middleware import errors_and_metrics, make_size_limit
+from gateway.web.middleware import make_middleware
 
 COMPONENTS: tuple[str, ...] = (
     "gateway.web.health",
@@ -32,7 +32,7 @@ COMPONENTS: tuple[str, ...] = (
 def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.Application:
     settings = runtime.settings
     app = web.Application(
-        middlewares=[errors_and_metrics, make_size_limit(settings.max_body_bytes)],
+        middlewares=[make_middleware(settings.max_body_bytes)],
         client_max_size=settings.max_body_bytes,
     )
     app[RUNTIME] = runtime

@@ -223,34 +223,45 @@ async def test_fifty_concurrent_deliveries_make_one_item(client: Any, runtime: R
     assert await runtime.durable.hlen(meta_key()) == 1
 
 
+@pytest.mark.parametrize("atomic", [True, False], ids=["claim_add-script", "two-commands"])
 async def test_claim_released_after_injected_failure_lets_retry_through(
-        client: Any, runtime: Runtime) -> None:
+        client: Any, runtime: Runtime, atomic: bool) -> None:
+    """Single instance: one script, so a failed call leaves no claim. The two-command path
+    (a cluster's) claims first and must release the claim when ADD fails."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     intaker = client.app[INBOUND].intaker
-    real_add = intaker._add
+    intaker.atomic = atomic
+    name = "_claim_add" if atomic else "_add"
+    real_script = getattr(intaker, name)
 
     class LostStore:
-        """ADD as seen when the script cache was flushed and the store then went away."""
+        """The script as seen when the script cache was flushed and the store then went away."""
 
         sha = "0" * 40
 
         async def __call__(self, **_: Any) -> Any:
             raise RedisConnectionError("injected: connection lost during ADD")
 
-    intaker._add = LostStore()
+    setattr(intaker, name, LostStore())
     body = body_of({"text": "retry me"})
     headers = standard(body, "msg_retry")
-    failed = await client.post("/v1/webhooks/demo", data=body, headers=headers)
-    assert failed.status == 503
-    assert failed.headers["Retry-After"]
-    assert await dedup_keys(runtime) == [], "the claim was not released"
-    assert await queued(runtime) == set()
+    try:
+        failed = await client.post("/v1/webhooks/demo", data=body, headers=headers)
+        assert failed.status == 503
+        assert failed.headers["Retry-After"]
+        assert await dedup_keys(runtime) == [], "the claim was not released"
+        assert await queued(runtime) == set()
 
-    intaker._add = real_add
-    retry = await client.post("/v1/webhooks/demo", data=body, headers=headers)
-    assert retry.status == 202
-    assert await queued(runtime) == {"webhook:demo:msg_retry"}
+        setattr(intaker, name, real_script)
+        retry = await client.post("/v1/webhooks/demo", data=body, headers=headers)
+        assert retry.status == 202
+        assert await queued(runtime) == {"webhook:demo:msg_retry"}
+        again = await client.post("/v1/webhooks/demo", data=body, headers=headers)
+        assert again.status == 200
+        assert await runtime.durable.get(keys.dedup_webhook("demo", "msg_retry")) == "done"
+    finally:
+        intaker.atomic = not intaker.auto.cluster
 
 
 async def test_script_flush_is_survived(client: Any, runtime: Runtime) -> None:
