@@ -5,7 +5,9 @@ Layout on a 2-core machine: the gateway server alone on ``--server-core``; the s
 writer + bare subscriber process and the SSE client process on ``--load-core``. Times are
 ``time.perf_counter()`` (CLOCK_MONOTONIC, the same clock in every process of the host): the
 writer stamps each row right after its transaction commits, before the PUBLISH; receivers
-stamp it when the bytes arrive.
+stamp it when the bytes arrive — in the reading process (readers ``streams``, ``protocol``,
+against a redis-py subscriber), or in the kernel as the bytes reach the socket (reader
+``kernel``, against a plain-socket subscriber stamped the same way).
 
 For each N in ``--clients`` (default 1,100,1000):
   * latency: ``--messages`` rows at ``--rate`` rows/s; p50/p99 over every (client, row);
@@ -13,7 +15,7 @@ For each N in ``--clients`` (default 1,100,1000):
     first commit to the last receipt (SSE: N * burst deliveries; bare: burst).
 
     python bench/push.py [--clients 1,100,1000] [--messages 200] [--rate 50] [--burst 200]
-                         [--readers streams,protocol]
+                         [--readers streams,protocol,kernel]
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ import re
 import resource
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import ingest  # sibling bench script: its pin() and wait_http() helpers
 import redis.asyncio as aioredis
@@ -46,10 +51,13 @@ from gateway.store.migrate import migrate_url
 from gateway.store.pool import create_pool
 
 OFFSET_RE = re.compile(rb'\ndata: \{"topic":"[^"]+","offset":(\d+),')
+SIGNAL_OFFSET_RE = re.compile(rb'"offset": ?(\d+)')
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS is the same
 
 
 # --- SSE clients (child process) ----------------------------------------------------------
-# Two readers of the same bytes, both reported: "streams" (a task per client on asyncio
+# Three readers of the same bytes, each reported (the third, "kernel", is described below):
+# "streams" (a task per client on asyncio
 # streams: one task wake-up per client per row in the measuring process) and "protocol" (an
 # asyncio.Protocol whose data_received stamps and parses at once: no task per client). With
 # 100 streams in one Python process the wake-ups alone spread the receipts of one row over
@@ -122,7 +130,9 @@ class _SseProtocol(asyncio.Protocol):
         transport.write(_request(self.topic))
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
+        self.received(data, time.perf_counter())
+
+    def received(self, data: bytes, now: float) -> None:
         buf = self.buf + data
         if self.head:
             end = buf.find(b"\r\n\r\n")
@@ -162,7 +172,67 @@ async def _protocol_client(port: int, topic: str, last: int, out: list[tuple[int
     await finished
 
 
-READERS = {"streams": _streams_client, "protocol": _protocol_client}
+# "kernel": the time the bytes reached the client's socket, from the kernel (SO_TIMESTAMPNS on
+# recvmsg), not the time the measuring process got round to reading them. 100 clients read by
+# one Python process on one core are read one after another; the kernel's stamp is what a
+# client on its own machine would see. Its floor is a bare subscriber stamped the same way.
+
+def _kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float:
+    """The receive time in ``ancillary`` on the perf_counter clock (now, if there is none)."""
+    mono, real = time.perf_counter(), time.time()
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+            sec, nsec = struct.unpack("qq", payload[:16])
+            return mono - (real - (sec + nsec / 1e9))
+    return mono
+
+
+async def _kernel_socket(port: int, first: bytes,
+                         on_data: Callable[[bytes, float], None]) -> socket.socket:
+    """A connected socket that hands every read to ``on_data`` with its kernel stamp."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, first)
+
+    def readable() -> None:
+        try:
+            data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(16))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancillary = b"", []
+        if not data:
+            loop.remove_reader(sock.fileno())
+        on_data(data, _kernel_stamp(ancillary))
+
+    loop.add_reader(sock.fileno(), readable)
+    return sock
+
+
+async def _kernel_client(port: int, topic: str, last: int, out: list[tuple[int, float]],
+                         ready: _Ready) -> None:
+    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    parser = _SseProtocol(topic, last, out, ready, finished)
+
+    def on_data(data: bytes, stamp: float) -> None:
+        if data:
+            parser.received(data, stamp)
+        else:
+            parser.connection_lost(ConnectionError("server closed the stream"))
+
+    sock = await _kernel_socket(port, _request(topic), on_data)
+    try:
+        await finished
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+        sock.close()
+
+
+READERS = {"streams": _streams_client, "protocol": _protocol_client, "kernel": _kernel_client}
 
 
 def client_process(port: int, topic: str, clients: int, last: int, reader: str,
@@ -220,6 +290,54 @@ async def bare_subscriber(cache_url: str, topic: str, last: int,
         await client.aclose()
 
 
+async def bare_kernel_subscriber(cache_url: str, topic: str, last: int,
+                                 out: list[tuple[int, float]], ready: asyncio.Event) -> None:
+    """The floor of the "kernel" reader: RESP SUBSCRIBE on a plain socket, each message
+    stamped with its kernel receive time (see ``_kernel_stamp``)."""
+    url = urlsplit(cache_url)
+    channel = keys.push_channel(topic)
+    first = b""
+    if url.password:
+        first += _resp("AUTH", url.username or "default", url.password)
+    first += _resp("SUBSCRIBE", channel)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: set[int] = set()
+    buf = b""
+
+    def on_data(data: bytes, stamp: float) -> None:
+        nonlocal buf
+        if not data:
+            if not done.done():
+                done.set_exception(ConnectionError("redis-cache closed the subscriber"))
+            return
+        buf += data
+        if not ready.is_set() and b"subscribe" in buf:
+            ready.set()
+        cut = buf.rfind(b"}")  # messages end with their JSON; a partial one waits
+        for match in SIGNAL_OFFSET_RE.finditer(buf, 0, cut + 1):
+            offset = int(match.group(1))
+            if offset not in seen:
+                seen.add(offset)
+                out.append((offset, stamp))
+                if offset >= last and not done.done():
+                    done.set_result(None)
+        buf = buf[cut + 1:]
+
+    sock = await _kernel_socket(url.port or 6379, first, on_data)
+    try:
+        await done
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+        sock.close()
+
+
+def _resp(*parts: str) -> bytes:
+    encoded = [part.encode() for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(
+        b"$%d\r\n%b\r\n" % (len(part), part) for part in encoded)
+
+
 async def write_rows(pool: Any, cache: Any, topic: str, first: int, count: int, rate: float | None,
                      commits: dict[int, float]) -> None:
     start = time.perf_counter()
@@ -259,7 +377,8 @@ async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url:
         status = await loop.run_in_executor(None, parent.recv)
         if status != "ready":
             raise SystemExit(f"bench: client process: {status}")
-        bare_task = asyncio.create_task(bare_subscriber(cache_url, topic, total, bare, bare_ready))
+        subscriber = bare_kernel_subscriber if reader == "kernel" else bare_subscriber
+        bare_task = asyncio.create_task(subscriber(cache_url, topic, total, bare, bare_ready))
         await bare_ready.wait()
         commits: dict[int, float] = {}
         await write_rows(pool, cache, topic, 0, args.messages, args.rate, commits)
@@ -325,7 +444,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--burst", type=int, default=200)
-    parser.add_argument("--readers", default="streams,protocol",
+    parser.add_argument("--readers", default="streams,protocol,kernel",
                         help="SSE readers in the measuring process, each a round per N")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
