@@ -62,7 +62,7 @@ def require_json(request: web.Request) -> None:
 
 async def read_body(request: web.Request) -> bytes:
     """The body, refused with 413 as soon as it passes the limit: a chunked body carries no
-    Content-Length for the size middleware to check, so the count happens while reading."""
+    Content-Length for the route guard to check, so the count happens while reading."""
     limit = request.app[INBOUND].settings.max_body_bytes
     if request.content_length is not None and request.content_length <= limit:
         # Declared and within the limit (aiohttp enforces it). A small body usually arrived

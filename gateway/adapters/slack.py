@@ -30,6 +30,7 @@ from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 
 log = logging.getLogger("gateway.slack")
@@ -165,8 +166,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
-    app.router.add_post("/slack/events", bot.dispatch)
-    app.router.add_post("/slack/commands", bot.dispatch)
+    routes.post(app, "/slack/events", bot.dispatch)
+    routes.post(app, "/slack/commands", bot.dispatch)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield

@@ -34,6 +34,7 @@ from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
 from gateway.outbound.errors import RetryLater, Undeliverable
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 from gateway.web.health import add_readiness_check
 
@@ -204,7 +205,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
     bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
-    app.router.add_post("/telegram/webhook", bot.webhook)
+    routes.post(app, "/telegram/webhook", bot.webhook)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         starting = asyncio.create_task(bot.start())

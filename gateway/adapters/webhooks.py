@@ -35,6 +35,7 @@ from gateway.adapters.inbound import (
 )
 from gateway.config import Settings
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 
 
@@ -84,7 +85,7 @@ async def receive(request: web.Request) -> web.Response:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     install(app, runtime)
-    app.router.add_post("/v1/webhooks/{source}", receive)
+    routes.post(app, "/v1/webhooks/{source}", receive)
 
 
 # --- gateway sign ----------------------------------------------------------------------------

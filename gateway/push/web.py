@@ -15,6 +15,7 @@ from gateway.push.hub import Hub
 from gateway.push.retention import run_retention
 from gateway.push.settings import PushSettings
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 from gateway.web.health import add_readiness_check
 
@@ -84,5 +85,5 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(background)
     app.on_shutdown.append(on_shutdown)
     add_readiness_check(app, "push-signals", signals, required=False)
-    app.router.add_get("/v1/feed", make_feed_handler(runtime))
-    app.router.add_get("/v1/stream", stream)
+    routes.get(app, "/v1/feed", make_feed_handler(runtime))
+    routes.get(app, "/v1/stream", stream)

@@ -13,6 +13,7 @@ from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.auth import admin_only
 from gateway.web.errors import ApiError
 from gateway.web.keys import RUNTIME
@@ -88,6 +89,6 @@ async def _depth_gauges(app: web.Application) -> AsyncIterator[None]:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(_depth_gauges)
-    app.router.add_get("/v1/admin/queues", queues)
-    app.router.add_get("/v1/admin/deadletter/{stage}", dead_letters)
-    app.router.add_post("/v1/admin/deadletter/{stage}/requeue", requeue)
+    routes.get(app, "/v1/admin/queues", queues)
+    routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters)
+    routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue)

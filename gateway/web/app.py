@@ -1,7 +1,8 @@
 """Builds the aiohttp application from components.
 
-A component is a module with ``setup(app, runtime)`` that adds its routes, background tasks
-(``app.cleanup_ctx``) and readiness checks. The list below is the whole HTTP surface.
+A component is a module with ``setup(app, runtime)`` that adds its routes (through
+``gateway.web.routes``), background tasks (``app.cleanup_ctx``) and readiness checks. The
+list below is the whole HTTP surface.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.keys import RUNTIME
-from gateway.web.middleware import make_middleware
 
 COMPONENTS: tuple[str, ...] = (
     "gateway.web.health",
@@ -31,11 +32,11 @@ COMPONENTS: tuple[str, ...] = (
 
 def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.Application:
     settings = runtime.settings
-    app = web.Application(
-        middlewares=[make_middleware(settings.max_body_bytes)],
-        client_max_size=settings.max_body_bytes,
-    )
+    # No middlewares: every route is guarded at registration (gateway.web.routes, which
+    # says why); unmatched requests reach the fallback route added last.
+    app = web.Application(client_max_size=settings.max_body_bytes)
     app[RUNTIME] = runtime
     for name in components:
         importlib.import_module(name).setup(app, runtime)
+    routes.fallback(app)
     return app

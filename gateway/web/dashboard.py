@@ -21,6 +21,7 @@ from gateway.pipeline.admin import queue_depths
 from gateway.push import feed
 from gateway.push.web import HUB
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.keys import RUNTIME
 
 log = logging.getLogger("gateway.web")
@@ -89,6 +90,6 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    app.router.add_get("/", index)
-    app.router.add_get("/v1/dashboard/summary", summary)
-    app.router.add_static("/static/", STATIC, append_version=False)
+    routes.get(app, "/", index)
+    routes.get(app, "/v1/dashboard/summary", summary)
+    routes.static(app, "/static/", STATIC)

@@ -22,7 +22,8 @@ _CODES = {
 
 
 class ApiError(Exception):
-    """Raise from a handler to answer with a JSON error; the middleware renders it."""
+    """Raise from a handler to answer with a JSON error; the route guard
+    (``gateway.web.routes``) renders it."""
 
     def __init__(self, status: int, code: str, detail: str,
                  headers: Mapping[str, str] | None = None) -> None:

@@ -11,6 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway.redis_clients import AnyRedis
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.keys import READINESS, ReadinessCheck
 
 CHECK_TIMEOUT = 2.0
@@ -75,6 +76,6 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app[READINESS] = {}
     for name, check in store_checks(runtime).items():
         add_readiness_check(app, name, check)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    routes.get(app, "/healthz", healthz)
+    routes.get(app, "/readyz", readyz)
+    routes.get(app, "/metrics", metrics)

@@ -20,6 +20,7 @@ from gateway.adapters.signing import MAX_ID_LENGTH, MalformedError
 from gateway.pipeline.queue import job_status
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 from gateway.web.keys import RUNTIME
 
@@ -95,5 +96,5 @@ async def get_job(request: web.Request) -> web.Response:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     install(app, runtime)
-    app.router.add_post("/v1/jobs", submit_job)
-    app.router.add_get("/v1/jobs/{id}", get_job)
+    routes.post(app, "/v1/jobs", submit_job)
+    routes.get(app, "/v1/jobs/{id}", get_job)

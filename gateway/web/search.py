@@ -6,6 +6,7 @@ from aiohttp import web
 
 from gateway.pipeline import search as pipeline_search
 from gateway.runtime import Runtime
+from gateway.web import routes
 from gateway.web.errors import ApiError
 from gateway.web.keys import RUNTIME
 
@@ -27,4 +28,4 @@ async def search(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    app.router.add_get("/v1/search", search)
+    routes.get(app, "/v1/search", search)
