@@ -288,11 +288,14 @@ def _check_consistency(settings: Settings) -> None:
 
 
 def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],
-                     label: str) -> dict[str, int | float]:
+                     label: str, other: tuple[str, ...] = ()) -> dict[str, int | float]:
     """A TOML table of positive tunables: ``types`` maps each allowed key to its field type
-    (``int`` or ``"int"``, anything else is a float); errors name ``<label>.<key>``."""
+    (``int`` or ``"int"``, anything else is a float); keys in ``other`` are allowed and left
+    to their own reader; errors name ``<label>.<key>``."""
     values: dict[str, int | float] = {}
     for name, raw in section.items():
+        if name in other:
+            continue
         if name not in types:
             raise ConfigError(f"{label}.{name}", "unknown setting")
         kind = int if types[name] in ("int", int) else float

@@ -79,3 +79,46 @@ def test_cli_config_error_is_one_line_without_traceback() -> None:
     lines = result.stderr.strip().splitlines()
     assert lines == ["gateway: configuration error: GATEWAY_PORT: must be an integer (got 'nope')"]
     assert "Traceback" not in result.stderr and "s3cr3t" not in result.stderr
+
+
+@pytest.mark.parametrize(("table", "wrong", "names"), [
+    ("pipeline", "batch = 0", "[pipeline].batch"),
+    ("pipeline", 'backoff_seconds = "soon"', "[pipeline].backoff_seconds"),
+    ("pipeline", "bacth = 4", "[pipeline].bacth"),
+    ("outbound", 'attempts = "many"', "[outbound].attempts"),
+    ("outbound", "backoff_max = -1", "[outbound].backoff_max"),
+    ("security", "brute_window = []", "[security].brute_window"),
+    ("security", 'trusted_proxies = ["10.0.0.0/33"]', "[security].trusted_proxies"),
+])
+def test_tunable_tables_refuse_wrong_values_by_name(tmp_path, table: str, wrong: str,
+                                                    names: str) -> None:
+    """A wrong tunable is a one-line ConfigError naming it, not a traceback at first use."""
+    from gateway.outbound.delivery import RetryPolicy
+    from gateway.pipeline.worker import WorkerConfig
+    from gateway.security.brute import BruteSettings
+
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"[{table}]\n{wrong}\n[pipeline.handlers]\n")
+    settings = load_settings({"GATEWAY_CONFIG": str(path)})
+    readers = {"pipeline": WorkerConfig.from_settings, "outbound": RetryPolicy.from_settings,
+               "security": lambda s: BruteSettings.from_section(s.section("security"))}
+    with pytest.raises(ConfigError) as info:
+        readers[table](settings)
+    assert names in str(info.value)
+
+
+def test_tunable_tables_read_their_values(tmp_path) -> None:
+    from gateway.outbound.delivery import RetryPolicy
+    from gateway.pipeline.worker import WorkerConfig
+    from gateway.security.brute import BruteSettings
+
+    path = tmp_path / "gateway.toml"
+    path.write_text("[pipeline]\nbatch = 3\nbackoff_seconds = 0.5\n[pipeline.handlers]\n"
+                    "[outbound]\nattempts = 2\n"
+                    '[security]\nbrute_window = 5\ntrusted_proxies = ["10.0.0.0/8"]\n')
+    settings = load_settings({"GATEWAY_CONFIG": str(path)})
+    worker = WorkerConfig.from_settings(settings)
+    assert (worker.batch, worker.backoff, worker.backoff_cap) == (3, 0.5, 300.0)
+    assert RetryPolicy.from_settings(settings).attempts == 2
+    brute = BruteSettings.from_section(settings.section("security"))
+    assert brute.window == 5 and str(brute.trusted_proxies[0]) == "10.0.0.0/8"

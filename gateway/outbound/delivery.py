@@ -12,12 +12,12 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TypeAlias
+from dataclasses import dataclass, fields
+from typing import Any, TypeAlias
 
 import asyncpg
 
-from gateway.config import Settings
+from gateway.config import Settings, positive_numbers
 from gateway.conversations.model import Incoming
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
@@ -37,11 +37,10 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
-        section = settings.section("outbound")
-        return cls(int(section.get("attempts", cls.attempts)),
-                   float(section.get("backoff", cls.backoff)),
-                   float(section.get("backoff_max", cls.backoff_max)),
-                   int(section.get("rate_limited_max", cls.rate_limited_max)))
+        types = {spec.name: spec.type for spec in fields(cls)}
+        values: dict[str, Any] = positive_numbers(settings.section("outbound"), types,
+                                                  "GATEWAY_CONFIG [outbound]")
+        return cls(**values)
 
 
 def limit_names(incoming: Incoming,

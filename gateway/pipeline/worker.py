@@ -17,13 +17,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from gateway.config import Settings
+from gateway.config import Settings, positive_numbers
 from gateway.pipeline import metrics, queue
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS, next_stage
@@ -61,18 +60,25 @@ class WorkerConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
-        section: Mapping[str, Any] = settings.section("pipeline")
+        tuned = positive_numbers(settings.section("pipeline"), _TUNABLE,
+                                 "GATEWAY_CONFIG [pipeline]", other=("handlers",))
         return cls(lease=settings.lease_seconds, heartbeat=settings.heartbeat_seconds,
                    reclaim_interval=settings.reclaim_seconds,
                    max_reclaims=settings.max_reclaims, max_failures=settings.max_failures,
-                   backoff=float(section.get("backoff_seconds", 1.0)),
-                   backoff_cap=float(section.get("backoff_cap_seconds", 300.0)),
-                   batch=max(1, int(section.get("batch", 8))),
-                   shutdown_grace=float(section.get("shutdown_grace_seconds", 20.0)))
+                   backoff=float(tuned.get("backoff_seconds", cls.backoff)),
+                   backoff_cap=float(tuned.get("backoff_cap_seconds", cls.backoff_cap)),
+                   batch=int(tuned.get("batch", cls.batch)),
+                   shutdown_grace=float(tuned.get("shutdown_grace_seconds",
+                                                  cls.shutdown_grace)))
 
     @property
     def lease_ms(self) -> int:
         return max(1, int(self.lease * 1000))
+
+
+# [pipeline] keys read here; "handlers" is read by gateway.pipeline.handlers.
+_TUNABLE = {"backoff_seconds": float, "backoff_cap_seconds": float, "batch": int,
+            "shutdown_grace_seconds": float}
 
 
 def worker_id() -> str:

@@ -27,6 +27,7 @@ from aiohttp import web
 from redis.commands.core import AsyncScript
 
 from gateway import keys
+from gateway.config import ConfigError, positive_numbers
 from gateway.dedup.autopipeline import AutoPipeline
 from gateway.web.errors import ApiError
 
@@ -55,14 +56,23 @@ class BruteSettings:
         proxies = section.get("trusted_proxies", ())
         if isinstance(proxies, str):
             proxies = [p for p in proxies.split(",") if p.strip()]
+        tuned = positive_numbers(section, _TUNABLE, "GATEWAY_CONFIG [security]",
+                                 other=("trusted_proxies",))
+        try:
+            networks = tuple(ipaddress.ip_network(p.strip(), strict=False) for p in proxies)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("GATEWAY_CONFIG [security].trusted_proxies", str(exc)) from None
         return cls(
-            max_failures=int(section.get("brute_max_failures", cls.max_failures)),
-            window=int(section.get("brute_window", cls.window)),
-            cooldown=int(section.get("brute_cooldown", cls.cooldown)),
-            cache_seconds=float(section.get("brute_cache_seconds", cls.cache_seconds)),
-            trusted_proxies=tuple(ipaddress.ip_network(p.strip(), strict=False)
-                                  for p in proxies),
+            max_failures=int(tuned.get("brute_max_failures", cls.max_failures)),
+            window=int(tuned.get("brute_window", cls.window)),
+            cooldown=int(tuned.get("brute_cooldown", cls.cooldown)),
+            cache_seconds=float(tuned.get("brute_cache_seconds", cls.cache_seconds)),
+            trusted_proxies=networks,
         )
+
+
+_TUNABLE = {"brute_max_failures": int, "brute_window": int, "brute_cooldown": int,
+            "brute_cache_seconds": float}
 
 
 def _trusted(address: str, proxies: Iterable[Network]) -> bool:
