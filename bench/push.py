@@ -15,7 +15,13 @@ For each N in ``--clients`` (default 1,100,1000):
     first commit to the last receipt (SSE: N * burst deliveries; bare: burst).
 
     python bench/push.py [--clients 1,100,1000] [--messages 200] [--rate 50] [--burst 200]
-                         [--readers streams,protocol,kernel]
+                         [--readers streams,protocol,kernel] [--cpu-latency 0|-1]
+
+Idle cores: by default (as root) the run holds a CPU wake-up latency limit of 0 µs
+(``--cpu-latency``), so no core halts while idle. On this machine's VMs a halted core costs a
+VM exit to wake, and the SSE path wakes the server's idle core where the bare subscriber,
+next to Redis, finds its core awake: with ``--cpu-latency -1`` that asymmetry, not the
+gateway, is a third of the 100-client p99 (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -429,6 +435,21 @@ def gateway_server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[N
             server.wait()
 
 
+def hold_cpu_latency(microseconds: int) -> Any:
+    """Linux PM QoS: while the returned file stays open, no core enters an idle state whose
+    wake-up takes longer than ``microseconds``. On this machine's VMs (cpuidle driver
+    ``haltpoll``) 0 means idle cores poll instead of halting, so a wake-up costs no VM exit.
+    It applies to every process, the bare subscriber's as much as the gateway's; what
+    ``tuned``'s latency-performance profile does for latency-sensitive services."""
+    try:
+        handle = open("/dev/cpu_dma_latency", "wb", buffering=0)
+        handle.write(struct.pack("i", microseconds))
+    except OSError as exc:
+        print(f"bench: CPU wake-up latency left alone: /dev/cpu_dma_latency: {exc}")
+        return None
+    return handle
+
+
 def raise_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < needed:
@@ -450,6 +471,11 @@ def main() -> int:
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--no-pin", action="store_true",
                         help="let the scheduler place every process (on a shared machine)")
+    parser.add_argument("--cpu-latency", type=int, metavar="US", default=0,
+                        help="hold this CPU wake-up latency limit in µs for the whole run "
+                             "(/dev/cpu_dma_latency; default 0: idle cores poll instead of "
+                             "halting, for every process alike; skipped when not root); "
+                             "-1: leave the machine's idle policy alone")
     args = parser.parse_args()
     if args.no_pin:
         args.server_core = args.load_core = -1
@@ -460,6 +486,7 @@ def main() -> int:
     gc.disable()  # same for the bare subscriber's side (see client_process)
     raise_fd_limit(max(counts) * 2 + 256)
 
+    qos = hold_cpu_latency(args.cpu_latency) if args.cpu_latency >= 0 else None
     root = Path(tempfile.mkdtemp(prefix="gwp-"))
     servers: list[embedded.RedisServer | embedded.PostgresServer] = []
     try:
@@ -483,6 +510,8 @@ def main() -> int:
         placement = ("no pinning" if args.no_pin else
                      f"server on core {args.server_core}; stores, writer, bare subscriber and "
                      f"SSE clients on core {args.load_core}")
+        placement += (f"; CPU wake-up latency held at {args.cpu_latency} µs" if qos is not None
+                      else "; the machine's own CPU idle policy")
         print(f"{placement}; {os.cpu_count()} cores; "
               f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
         print(f"{'reader':>8} {'clients':>7} {'bare p50':>9} {'bare p99':>9} {'sse p50':>8} "
@@ -501,6 +530,8 @@ def main() -> int:
     finally:
         embedded.stop_all(servers)
         shutil.rmtree(root, ignore_errors=True)
+        if qos is not None:
+            qos.close()  # the limit ends with the file
     return 0
 
 
