@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import sys
-import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,11 +32,16 @@ from gateway.config import ConfigError, Settings
 from gateway.conversations.background import Background
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
-from gateway.outbound.errors import RetryLater, Undeliverable
+from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
 from gateway.runtime import Runtime
 from gateway.web import routes
 from gateway.web.errors import ApiError
 from gateway.web.health import add_readiness_check
+
+# PTB 22 warns on every RetryAfter that time periods will become timedeltas; opt in now (it
+# reads the variable at each use). Our only time period is retry_after, and
+# gateway.outbound.errors.retry_after_of reads both forms.
+os.environ.setdefault("PTB_TIMEDELTA", "1")
 
 log = logging.getLogger("gateway.telegram")
 
@@ -70,13 +75,6 @@ def to_incoming(update: Update) -> Incoming | None:
     return Incoming(platform="telegram", chat=str(message.chat.id), thread=None,
                     user_id=str(user.id), user_name=user.username or user.full_name,
                     text=message.text, message_id=str(message.message_id))
-
-
-def _retry_seconds(exc: RetryAfter) -> float:
-    with warnings.catch_warnings():  # PTB 22 warns that the type will become timedelta
-        warnings.simplefilter("ignore")
-        value: Any = exc.retry_after
-    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
 
 
 class TelegramBot:
@@ -186,7 +184,7 @@ class TelegramBot:
             try:
                 await self.ptb.bot.send_message(chat_id=chat_id, text=text)
             except RetryAfter as exc:
-                raise RetryLater(_retry_seconds(exc)) from exc
+                raise RetryLater(retry_after_of(exc) or 1.0) from exc
             except (Forbidden, BadRequest) as exc:
                 raise Undeliverable(f"{type(exc).__name__}: {exc}") from exc
 
