@@ -218,6 +218,18 @@ async def _kernel_socket(port: int, first: bytes,
     return sock
 
 
+async def _kernel_read_until(port: int, first: bytes, on_data: Callable[[bytes, float], None],
+                             finished: asyncio.Future[None]) -> None:
+    """Connect, send ``first``, feed ``on_data`` until ``finished``, then close."""
+    sock = await _kernel_socket(port, first, on_data)
+    try:
+        await finished
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+        sock.close()
+
+
 async def _kernel_client(port: int, topic: str, last: int, out: list[tuple[int, float]],
                          ready: _Ready) -> None:
     finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -229,13 +241,7 @@ async def _kernel_client(port: int, topic: str, last: int, out: list[tuple[int, 
         else:
             parser.connection_lost(ConnectionError("server closed the stream"))
 
-    sock = await _kernel_socket(port, _request(topic), on_data)
-    try:
-        await finished
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_reader(sock.fileno())
-        sock.close()
+    await _kernel_read_until(port, _request(topic), on_data, finished)
 
 
 READERS = {"streams": _streams_client, "protocol": _protocol_client, "kernel": _kernel_client}
@@ -329,13 +335,7 @@ async def bare_kernel_subscriber(cache_url: str, topic: str, last: int,
                     done.set_result(None)
         buf = buf[cut + 1:]
 
-    sock = await _kernel_socket(url.port or 6379, first, on_data)
-    try:
-        await done
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_reader(sock.fileno())
-        sock.close()
+    await _kernel_read_until(url.port or 6379, first, on_data, done)
 
 
 def _resp(*parts: str) -> bytes:
