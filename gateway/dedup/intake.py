@@ -1,8 +1,8 @@
 """Claim and enqueue in one round trip: the inbound path's only write.
 
 On a single instance (or a Sentinel primary) both are one call of the ``claim_add`` script
-(``gateway/pipeline/lua/claim_add.lua``): ``SET <claim> done NX EX ttl`` followed by the
-pipeline's ADD, atomically. The item is accepted exactly when ADD answers 1, whoever holds the
+(``gateway/pipeline/lua/claim_add.lua``): ``SET <claim> done EX ttl`` when no claim exists,
+then the pipeline's ADD, atomically. The item is accepted exactly when ADD answers 1, whoever holds the
 claim; on a full instance the claim is refused with the rest, so nothing needs releasing.
 
 On Redis Cluster the claim and ADD hash to different slots, so they go out as two commands in

@@ -42,3 +42,11 @@ async def test_an_oversized_body_to_an_unknown_path_is_still_413(
     response = await client.post("/nope", data=b"x" * (1024 * 1024 + 1))
     assert response.status == 413
     assert (await response.json())["error"] == "payload_too_large"
+
+
+async def test_every_route_of_the_app_is_guarded(client: TestClient[Any, Any]) -> None:
+    """A route added around ``gateway.web.routes`` would answer errors as text, unmetered."""
+    unguarded = [(route.method, route.resource.canonical if route.resource else "?")
+                 for route in client.app.router.routes()
+                 if route.handler.__qualname__ != "guarded.<locals>.guarded_handler"]
+    assert unguarded == []
