@@ -16,8 +16,9 @@ values); a failure of the round trip itself (connection lost, timeout) is raised
 caller of that flush, and the connection is dropped. A caller's commands stay contiguous and
 in order on the wire, so "claim, then enqueue" keeps its order.
 
-On Redis Cluster the commands of one batch may live in different slots: there each batch goes
-out as its own cluster pipeline and nothing is coalesced.
+On Redis Cluster the commands of a flush may live in any slots: the flush goes out as one
+cluster pipeline, which redis-py splits by node (one write per node, concurrently); the order
+of a caller's commands is kept only among those on the same node.
 """
 
 from __future__ import annotations
@@ -55,13 +56,10 @@ class AutoPipeline:
         self._pending: list[Pending] = []
         self._queued_commands = 0
         self._flusher: asyncio.Task[None] | None = None
-        self._unawaited: set[asyncio.Task[list[Any]]] = set()  # cluster: one task per write
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
     async def batch(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` with the next flush; their raw replies, errors as values."""
-        if self.cluster:
-            return await self._cluster_batch(commands)
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._enqueue(commands, future)
         return await future
@@ -76,20 +74,12 @@ class AutoPipeline:
     def send_nowait(self, commands: Sequence[Command]) -> None:
         """Send with the next flush without waiting for the replies (errors are logged): for
         writes whose loss is harmless, e.g. turning a claim into ``done``."""
-        if self.cluster:
-            task = asyncio.create_task(self._cluster_batch(commands))
-            self._unawaited.add(task)
-            task.add_done_callback(self._unawaited.discard)
-            task.add_done_callback(_log_failure)
-            return
         self._enqueue(commands, None)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is sent (call before closing the client)."""
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
-        if self._unawaited:
-            await asyncio.gather(*self._unawaited, return_exceptions=True)
 
     def _enqueue(self, commands: Sequence[Command],
                  future: asyncio.Future[list[Any]] | None) -> None:
@@ -140,6 +130,8 @@ class AutoPipeline:
         return taken
 
     async def _send(self, commands: list[Command]) -> list[Any]:
+        if self.cluster:
+            return await self._cluster_send(commands)
         pool = self.redis.connection_pool  # type: ignore[union-attr]
         conn = await pool.get_connection()
         self.flushes += 1
@@ -159,8 +151,12 @@ class AutoPipeline:
         finally:
             await pool.release(conn)
 
-    async def _cluster_batch(self, commands: Sequence[Command]) -> list[Any]:
-        async with self.redis.pipeline(transaction=False) as pipe:
+    async def _cluster_send(self, commands: list[Command]) -> list[Any]:
+        """The flush as one cluster pipeline: redis-py groups it by node and sends each
+        node's share as one write, concurrently."""
+        self.flushes += 1
+        async with asyncio.timeout(self.flush_timeout), \
+                self.redis.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
             replies = await pipe.execute(raise_on_error=False)
@@ -185,8 +181,3 @@ def _log_errors(replies: list[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
             log.warning("unawaited redis write failed: %s", reply)
-
-
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("unawaited redis write failed: %s", task.exception())

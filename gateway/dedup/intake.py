@@ -2,8 +2,9 @@
 
 On a single instance (or a Sentinel primary) both are one call of the ``claim_add`` script
 (``gateway/pipeline/lua/claim_add.lua``): ``SET <claim> done EX ttl`` when no claim exists,
-then the pipeline's ADD, atomically. The item is accepted exactly when ADD answers 1, whoever holds the
-claim; on a full instance the claim is refused with the rest, so nothing needs releasing.
+then the pipeline's ADD, atomically. The item is accepted exactly when ADD answers 1,
+whoever holds the claim; on a full instance the claim is refused with the rest, so nothing
+needs releasing.
 
 On Redis Cluster the claim and ADD hash to different slots, so they go out as two commands in
 one batch (one round trip per node), and the claim passes through ``in-progress``:

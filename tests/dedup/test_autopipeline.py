@@ -16,12 +16,22 @@ from gateway.runtime import Runtime
 COUNTER = keys.brute("{autopipeline-test}", "counter")
 
 
-@pytest.mark.single_instance  # a cluster client sends each batch on its own
 async def test_concurrent_callers_share_round_trips(runtime: Runtime) -> None:
     auto = AutoPipeline(runtime.durable)
     replies = await asyncio.gather(*(auto.execute("INCR", COUNTER) for _ in range(200)))
     assert sorted(replies) == list(range(1, 201))
     assert auto.flushes <= 4, f"{auto.flushes} round trips for 200 concurrent commands"
+
+
+async def test_a_flush_spanning_many_slots_answers_each_caller(runtime: Runtime) -> None:
+    """On a cluster the keys below land on every primary; each caller still gets its own
+    replies, in its own order."""
+    auto = AutoPipeline(runtime.durable)
+    keys_ = [keys.brute(f"spread-{n}", "counter") for n in range(100)]
+    results = await asyncio.gather(*(auto.batch([("SET", key, n), ("GET", key), ("INCR", key)])
+                                     for n, key in enumerate(keys_)))
+    assert results == [["OK", str(n), n + 1] for n in range(100)]
+    assert auto.flushes <= 4
 
 
 async def test_a_batch_keeps_its_commands_together_and_in_order(runtime: Runtime) -> None:
