@@ -32,6 +32,10 @@ from tests import topology
 
 pytest_plugins = ["tests.fakes.pytest_plugin"]
 
+# As gateway.adapters.telegram does on import: PTB time periods as timedeltas, whichever test
+# imports what first.
+os.environ.setdefault("PTB_TIMEDELTA", "1")
+
 # Test webhook sources: one of each scheme. The standard secret is whsec_<base64>.
 TEST_WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 TEST_WEBHOOK_SOURCES = (
