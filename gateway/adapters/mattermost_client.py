@@ -47,6 +47,9 @@ class SocketClosed(Exception):
         self.code = code
 
 
+REPLY_TO_PROP = "gateway_reply_to"
+
+
 @dataclass(frozen=True)
 class Post:
     """The fields of a Mattermost post the gateway uses."""
@@ -60,16 +63,20 @@ class Post:
     type: str = ""
     delete_at: int = 0
     user_name: str = ""  # filled in by the listener (one cached lookup per author)
+    reply_to: str = ""  # props.gateway_reply_to: the post a gateway reply answers
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Post:
         def text(name: str) -> str:
             return str(data.get(name) or "")
 
+        props = data.get("props")
+        reply_to = props.get(REPLY_TO_PROP) if isinstance(props, dict) else None
         return cls(id=str(data["id"]), channel_id=str(data["channel_id"]),
                    user_id=text("user_id"), message=text("message"), root_id=text("root_id"),
                    create_at=int(data.get("create_at") or 0), type=text("type"),
-                   delete_at=int(data.get("delete_at") or 0))
+                   delete_at=int(data.get("delete_at") or 0),
+                   reply_to=reply_to if isinstance(reply_to, str) else "")
 
 
 def posted_post(event: dict[str, Any]) -> Post | None:
@@ -135,9 +142,14 @@ class MattermostClient:
         posts = [Post.from_api(p) for p in (page or {}).get("posts", {}).values()]
         return sorted(posts, key=lambda p: p.create_at)
 
-    async def create_post(self, channel_id: str, message: str,
-                          root_id: str | None = None) -> dict[str, Any]:
-        body = {"channel_id": channel_id, "message": message, "root_id": root_id or ""}
+    async def create_post(self, channel_id: str, message: str, root_id: str | None = None,
+                          reply_to: str | None = None) -> dict[str, Any]:
+        """``reply_to`` (the post answered) is kept in the reply's props, so a successor can
+        see on the platform itself that a post was answered."""
+        body: dict[str, Any] = {"channel_id": channel_id, "message": message,
+                                "root_id": root_id or ""}
+        if reply_to:
+            body["props"] = {REPLY_TO_PROP: reply_to}
         result: dict[str, Any] = await self._call("POST", "/posts", json=body)
         return result
 

@@ -17,6 +17,9 @@ answered twice.
 - **Exactly one answer.** Live and caught-up posts both go through the claim
   ``dedup:mattermost-post:<id>``: the first claim answers, every other delivery is dropped.
   A handler that fails before sending releases the claim, so a later catch-up answers it.
+  A claim is tagged with its holder's lease; one left in progress under an earlier lease
+  (the holder died mid-answer) is taken over on catch-up unless the platform shows our
+  reply to that post already (each reply names the post it answers in its props).
 - **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
   ``mattermost_health``).
 """
@@ -299,12 +302,15 @@ class Listener:
         if not self._wanted(post):
             return
         durable, ttl = self.runtime.durable, self.config.dedup_ttl
+        key, holder = keys.dedup_mattermost_post(post.id), f"lease-{lease.token}"
         try:
-            claim = await claims.claim(durable, keys.dedup_mattermost_post(post.id), ttl)
+            claim: claims.Claim | None = await claims.claim(durable, key, ttl, holder)
+            if claim is not None and not claim.claimed:
+                claim = await self._take_over(client, lease, post, key)
         except RedisError as exc:
             log.warning("mattermost post %s left for catch-up: %s", post.id, exc)
             return
-        if not claim.claimed:
+        if claim is None or not claim.claimed:
             return
         if not await leases.holds(durable, lease):
             await claims.release(durable, claim)
@@ -334,6 +340,43 @@ class Listener:
         with contextlib.suppress(RedisError):
             await claims.mark_done(durable, claim, ttl)
 
+    async def _take_over(self, client: MattermostClient, lease: leases.Lease, post: Post,
+                         key: str) -> claims.Claim | None:
+        """A claim left in progress under an earlier lease is a dead holder's: it may have
+        died before answering, or after answering but before marking the claim done. The
+        platform says which: a reply of ours carries the answered post's id in its props.
+        Answered → the claim is marked done; not answered → it becomes ours. (A holder that
+        is only paused past its lease, not dead, could still post between this check and its
+        fencing check: the window fencing cannot close against an API without tokens.)"""
+        durable, ttl = self.runtime.durable, self.config.dedup_ttl
+        raw = await durable.get(key)
+        seen = raw.decode() if isinstance(raw, bytes) else raw
+        holder = claims.holder_of(seen)
+        if seen is None or holder is None or not holder.startswith("lease-"):
+            return None  # done, released meanwhile, or not a listener's claim
+        try:
+            if int(holder.removeprefix("lease-")) >= lease.token:
+                return None  # our own lease's: being answered here now
+        except ValueError:
+            return None
+        try:
+            answered = await self._answered_on_platform(client, post)
+        except _NETWORK_ERRORS as exc:
+            log.warning("mattermost post %s: cannot check for an earlier reply (%s); "
+                        "left for the next catch-up", post.id, exc)
+            return None
+        if answered:
+            await claims.mark_done(durable, claims.Claim(key, seen, claims.Outcome.DUPLICATE),
+                                   ttl)
+            return None
+        log.info("mattermost post %s: taking over the claim of %s", post.id, holder)
+        return await claims.take_over(durable, key, seen, ttl, f"lease-{lease.token}")
+
+    async def _answered_on_platform(self, client: MattermostClient, post: Post) -> bool:
+        replies = await client.posts_since(post.channel_id, max(0, post.create_at - 1))
+        return any(reply.user_id == self.bot_user_id and reply.reply_to == post.id
+                   for reply in replies)
+
     async def _user_name(self, client: MattermostClient, post: Post) -> str:
         """The author's username (cached per process); the id when the lookup fails."""
         if post.user_id not in self._user_names:
@@ -350,7 +393,7 @@ class Listener:
         ``retry_after``) belong to the caller: the shared delivery loop of the conversations."""
         if not await leases.holds(self.runtime.durable, lease):
             raise LeaseLost(f"lease {lease.token} is no longer ours")
-        await client.create_post(post.channel_id, text, post.root_id or None)
+        await client.create_post(post.channel_id, text, post.root_id or None, reply_to=post.id)
 
 
 def _cancelling() -> bool:

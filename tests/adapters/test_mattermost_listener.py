@@ -20,7 +20,7 @@ from gateway.dedup import claims
 from gateway.runtime import Runtime
 from tests.adapters.mattermost_helpers import LEASE_SECONDS, mattermost_settings, running
 from tests.conftest import ServerSet, make_settings
-from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.mattermost import BOT_USER_ID, FakeMattermost
 from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
 from tests.helpers import registry_violations, wait_until
 
@@ -321,3 +321,78 @@ async def test_durable_outage_fences_the_holder_then_it_recovers(
         assert await claims.state(durable, keys.dedup_mattermost_post(post["id"])) == claims.DONE
     finally:
         await durable.aclose()
+
+
+async def _dead_holders_claim(runtime: Runtime, post_id: str) -> str:
+    """The claim a listener of an earlier lease (token 0: before any this test takes) left
+    in progress when it died."""
+    value = claims.new_token("lease-0")
+    await runtime.durable.set(keys.dedup_mattermost_post(post_id), value,
+                              ex=runtime.settings.dedup_ttl)
+    return value
+
+
+async def test_a_dead_holders_unanswered_post_is_taken_over_and_answered_once(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    fake = fake_mattermost
+    post = fake.make_post("general", "asked just before the crash")
+    await _dead_holders_claim(runtime, post["id"])
+    async with running(runtime) as listener:
+        [reply] = await fake.wait_for_replies(1, timeout=5)
+        assert reply["message"] == "echo: asked just before the crash"
+        assert reply["props"] == {"gateway_reply_to": post["id"]}
+        assert listener.lease is not None
+        # A later catch-up (after a drop) reads the post again: still one answer.
+        assert await fake.drop_sockets(1011) == 1
+        later = fake.make_post("general", "after the drop")  # only a catch-up finds it
+        await fake.wait_for_connections(2)
+        await wait_until(lambda: "echo: after the drop" in fake.reply_messages(),
+                         timeout=5, message="the second catch-up ran")
+    assert fake.reply_messages() == ["echo: asked just before the crash",
+                                     "echo: after the drop"]
+    assert later["id"]
+    assert await claims.state(runtime.durable, keys.dedup_mattermost_post(post["id"])) == \
+        claims.DONE
+
+
+async def test_a_dead_holders_answered_post_is_not_answered_again(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    """The holder posted its reply, then died before marking the claim done."""
+    fake = fake_mattermost
+    post = fake.make_post("general", "answered, then the crash")
+    fake.make_post("general", "echo: answered, then the crash", user_id=BOT_USER_ID,
+                   props={"gateway_reply_to": post["id"]})
+    await _dead_holders_claim(runtime, post["id"])
+    other = fake.make_post("general", "a later question")  # proves the catch-up ran
+    async with running(runtime):
+        await wait_until(lambda: "echo: a later question" in fake.reply_messages(),
+                         timeout=5, message="catch-up answered the later post")
+        key = keys.dedup_mattermost_post(post["id"])
+        await wait_until(lambda: claims.state(runtime.durable, key), timeout=5,
+                         message="the dead holder's claim marked done")
+        assert await claims.state(runtime.durable, key) == claims.DONE
+    # The earlier reply was on the platform already (made above, not through the REST API
+    # this fake records): nothing was posted again.
+    assert fake.reply_messages() == ["echo: a later question"]
+    assert other["id"]
+
+
+async def test_a_claim_of_the_current_lease_is_not_taken_over(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    """Another delivery of a post this holder is answering right now is a duplicate."""
+    fake = fake_mattermost
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_echo(post: Any, send: Callable[[str], Any]) -> None:
+        started.set()
+        await release.wait()
+        await send(f"echo: {post.message}")
+
+    async with running(runtime, handler=slow_echo):
+        await fake.wait_for_sockets(1)
+        post = await fake.create_post("general", "slow one")
+        await asyncio.wait_for(started.wait(), 5)
+        assert await fake.redeliver(post["id"]) == 1
+        release.set()
+        await fake.wait_for_replies(1)
+    assert fake.reply_messages() == ["echo: slow one"]
