@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway import leases
+from gateway import keys, leases
 from gateway.adapters import mattermost_health as health
 from gateway.adapters.mattermost_listener import LEASE_NAME
+from gateway.dedup import claims
 from gateway.runtime import Runtime
 from tests.adapters.mattermost_helpers import FAST, LEASE_SECONDS
 from tests.conftest import ServerSet
@@ -25,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 Process = asyncio.subprocess.Process
 
 
-def listener_env(servers: ServerSet, fake: FakeMattermost, directory: Path) -> dict[str, str]:
+def listener_env(servers: ServerSet, fake: FakeMattermost, directory: Path,
+                 extra_config: str = "") -> dict[str, str]:
     config = directory / "gateway.toml"
-    config.write_text("[mattermost]\n" + "".join(f"{k} = {v}\n" for k, v in FAST.items()))
+    config.write_text("[mattermost]\n" + "".join(f"{k} = {v}\n" for k, v in FAST.items())
+                      + extra_config)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GATEWAY_", "MATTERMOST_", "TELEGRAM_", "SLACK_"))}
     env.update({
@@ -129,3 +132,69 @@ async def test_sigterm_steps_down_at_once(
     assert await leases.current(runtime.durable, LEASE_NAME) is None
     assert await health.read(runtime.cache) is None
     assert fake.open_sockets == 0
+
+
+@pytest.mark.slow
+async def test_holder_killed_mid_answer_the_successor_answers_once(
+        runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
+        spawn: list[Process], tmp_path: Path) -> None:
+    """The active listener claims a post, stores it, and hangs in the handler; kill -9. The
+    standby finds the claim in progress under the dead lease, sees no reply of ours on the
+    platform, takes the claim over and answers: exactly one reply."""
+    fake = fake_mattermost
+    env = listener_env(servers, fake, tmp_path, '[conversations]\n'
+                       'handler = "tests.adapters.hanging_handler:handler"\n')
+    hanging = await start_listener({**env, "GATEWAY_TEST_HANG": "1"}, tmp_path / "hang.log")
+    spawn.append(hanging)
+    await fake.wait_for_sockets(1, timeout=30)
+    spawn.append(await start_listener(env, tmp_path / "standby.log"))
+    post = await fake.create_post("general", "are you there?")
+    key = keys.dedup_mattermost_post(post["id"])
+    await wait_until(lambda: claims.state(runtime.durable, key), timeout=10,
+                     message="the hanging holder's claim")
+    assert await claims.state(runtime.durable, key) == claims.IN_PROGRESS
+
+    hanging.kill()  # mid-answer: claimed and stored, nothing sent
+    await hanging.wait()
+    [reply] = await fake.wait_for_replies(1, timeout=15)
+    assert reply["message"] == "answer: are you there?"
+    assert reply["props"] == {"gateway_reply_to": post["id"]}
+    await wait_until(lambda: _state_is(runtime, key, claims.DONE), timeout=5,
+                     message="the taken-over claim marked done")
+    await fake.create_post("general", "and now?")  # the successor is live: proves it runs
+    await fake.wait_for_replies(2, timeout=10)
+    assert fake.reply_messages() == ["answer: are you there?", "answer: and now?"]
+
+
+@pytest.mark.slow
+async def test_holder_killed_after_its_reply_went_out_is_not_answered_again(
+        runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
+        spawn: list[Process], tmp_path: Path) -> None:
+    """The reply reached the platform, but the holder died waiting for the answer (so its
+    claim stays in progress and its stored reply unsettled). The successor finds our reply
+    on the platform and marks the claim done instead of answering a second time."""
+    fake = fake_mattermost
+    env = listener_env(servers, fake, tmp_path, '[conversations]\n'
+                       'handler = "tests.adapters.hanging_handler:handler"\n')
+    first = await start_listener(env, tmp_path / "first.log")
+    spawn.append(first)
+    await fake.wait_for_sockets(1, timeout=30)
+    spawn.append(await start_listener(env, tmp_path / "standby.log"))
+    fake.stall_created_posts = True
+    post = await fake.create_post("general", "did it arrive?")
+    await fake.wait_for_replies(1, timeout=10)  # on the platform; its sender still waits
+    fake.stall_created_posts = False
+    key = keys.dedup_mattermost_post(post["id"])
+    assert await claims.state(runtime.durable, key) == claims.IN_PROGRESS
+
+    first.kill()
+    await first.wait()
+    await wait_until(lambda: _state_is(runtime, key, claims.DONE), timeout=15,
+                     message="the successor marked the answered post done")
+    await fake.create_post("general", "and now?")
+    await fake.wait_for_replies(2, timeout=10)
+    assert fake.reply_messages() == ["answer: did it arrive?", "answer: and now?"]
+
+
+async def _state_is(runtime: Runtime, key: str, wanted: str) -> bool:
+    return await claims.state(runtime.durable, key) == wanted

@@ -103,6 +103,9 @@ class FakeMattermost(FakeServer):
         self.login_id = login_id
         self.password = password
         self.echo_own_posts = echo_own_posts
+        # While true, POST /posts stores the post and then never answers (until close): a
+        # client that dies waiting has posted without knowing it.
+        self.stall_created_posts = False
         self.valid_tokens: set[str] = {token}
         self.bot_user = self._user(bot_user_id, bot_username, is_bot=True)
         self.users: dict[str, dict[str, Any]] = {
@@ -584,6 +587,8 @@ class FakeMattermost(FakeServer):
         params["_post"] = post
         if self.echo_own_posts:
             await self.push_posted(post)
+        if self.stall_created_posts and self._closing is not None:
+            await self._closing.wait()
         return json_response(post, status=201)
 
     async def _channel_posts(self, request: web.Request) -> web.Response:
