@@ -12,7 +12,7 @@ import binascii
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -285,6 +285,12 @@ def _check_consistency(settings: Settings) -> None:
         )
     if settings.mattermost_url and not settings.mattermost_token:
         raise ConfigError("MATTERMOST_TOKEN", "is required when MATTERMOST_URL is set")
+
+
+def field_types(cls: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A dataclass's fields as the ``types`` of ``positive_numbers``: for the TOML tables
+    whose keys are exactly a settings class's field names."""
+    return {spec.name: spec.type for spec in fields(cls) if spec.name not in exclude}
 
 
 def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],

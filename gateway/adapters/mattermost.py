@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -20,14 +19,13 @@ from aiohttp import web
 from gateway.adapters import mattermost_health as health
 from gateway.adapters.mattermost_client import Post
 from gateway.adapters.mattermost_listener import Listener, ListenerConfig, PostHandler, Send
-from gateway.config import ConfigError, Settings, positive_numbers
+from gateway.config import ConfigError, Settings, field_types, positive_numbers
 from gateway.runtime import Runtime, open_runtime
 from gateway.web.health import add_readiness_check
 
 log = logging.getLogger("gateway.mattermost")
 
-_TUNABLE = {f.name: f.type for f in dataclasses.fields(ListenerConfig)
-            if f.name not in ("url", "token")}
+_TUNABLE = field_types(ListenerConfig, exclude=("url", "token"))
 
 
 def listener_config(settings: Settings) -> ListenerConfig:

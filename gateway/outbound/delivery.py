@@ -12,12 +12,12 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import asyncpg
 
-from gateway.config import Settings, positive_numbers
+from gateway.config import Settings, field_types, positive_numbers
 from gateway.conversations.model import Incoming
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
@@ -37,9 +37,8 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
-        types = {spec.name: spec.type for spec in fields(cls)}
-        values: dict[str, Any] = positive_numbers(settings.section("outbound"), types,
-                                                  "GATEWAY_CONFIG [outbound]")
+        values: dict[str, Any] = positive_numbers(settings.section("outbound"),
+                                                  field_types(cls), "GATEWAY_CONFIG [outbound]")
         return cls(**values)
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import Settings, positive_numbers
+from gateway.config import Settings, field_types, positive_numbers
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,6 @@ class PushSettings:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PushSettings:
-        types = {spec.name: spec.type for spec in fields(cls)}
-        values: dict[str, Any] = positive_numbers(settings.section("push"), types, "[push]")
+        values: dict[str, Any] = positive_numbers(settings.section("push"), field_types(cls),
+                                                  "[push]")
         return cls(**values)
