@@ -54,7 +54,6 @@ class AutoPipeline:
         self.max_batch = max_batch
         self.flush_timeout = flush_timeout
         self._pending: list[Pending] = []
-        self._queued_commands = 0
         self._flusher: asyncio.Task[None] | None = None
         self.flushes = 0  # round trips sent, for benchmarks and tests
 

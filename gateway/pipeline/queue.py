@@ -75,8 +75,7 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 
 # add_call runs on every inbound request that enqueues (webhooks, /v1/jobs): everything that
 # does not depend on the item is built once here, not per call.
-encode_document = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-"""The compact JSON an item's document travels in (ADD's payload argument)."""
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
 _ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
@@ -101,10 +100,10 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
         raise
     if document is None:
         payload = ""
-    elif isinstance(document, str):  # encoded already (``encode_document`` or equivalent)
+    elif isinstance(document, str):  # the document's JSON, encoded by the caller
         payload = document
     else:
-        payload = encode_document(document)
+        payload = _ENCODE(document)
     args = [item_id, payload, base, bonus, _WINDOW_ARG, "1" if force else "0", stage,
             _EPOCH_ARG, _TRIM_ARG]
     return keys, args
