@@ -231,7 +231,7 @@ async def test_claim_released_after_injected_failure_lets_retry_through(
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     intaker = client.app[INBOUND].intaker
-    intaker.atomic = atomic
+    was_atomic, intaker.atomic = intaker.atomic, atomic
     name = "_claim_add" if atomic else "_add"
     real_script = getattr(intaker, name)
 
@@ -261,7 +261,7 @@ async def test_claim_released_after_injected_failure_lets_retry_through(
         assert again.status == 200
         assert await runtime.durable.get(keys.dedup_webhook("demo", "msg_retry")) == "done"
     finally:
-        intaker.atomic = not intaker.auto.cluster
+        intaker.atomic = was_atomic
 
 
 async def test_script_flush_is_survived(client: Any, runtime: Runtime) -> None:
