@@ -15,7 +15,7 @@ from gateway.pipeline import queue
 from gateway.pipeline.handlers import Handler, load_handlers
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import refresh_depth_gauges
-from gateway.pipeline.worker import StageWorker, WorkerConfig
+from gateway.pipeline.worker import StageWorker, WorkerConfig, run_together
 from gateway.runtime import Runtime, open_runtime
 from gateway.serve import Service, install_stop_signals
 
@@ -48,12 +48,7 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
     tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config)
                                  .run(stop, concurrency)) for stage in stages]
     tasks.append(asyncio.create_task(reclaim_loop(runtime, stop, config)))
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_together(tasks)
 
 
 def service(concurrency: int = 8, stages: Sequence[str] = STAGES) -> Service:

@@ -81,6 +81,17 @@ _TUNABLE = {"backoff_seconds": float, "backoff_cap_seconds": float, "batch": int
             "shutdown_grace_seconds": float}
 
 
+async def run_together(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for all of ``tasks``; when one fails or this is cancelled, cancel and reap the
+    rest, so no loop outlives its siblings."""
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -99,13 +110,7 @@ class StageWorker:
         self.name = name or worker_id()
 
     async def run(self, stop: asyncio.Event, concurrency: int) -> None:
-        loops = [asyncio.create_task(self._loop(stop)) for _ in range(concurrency)]
-        try:
-            await asyncio.gather(*loops)
-        finally:
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+        await run_together([asyncio.create_task(self._loop(stop)) for _ in range(concurrency)])
 
     async def _loop(self, stop: asyncio.Event) -> None:
         idle = self.config.idle_min
