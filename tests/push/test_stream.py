@@ -27,6 +27,15 @@ async def _append(runtime: Runtime, topic: str, n: int, kind: str = "store") -> 
     return offsets
 
 
+async def _burst(runtime: Runtime, topic: str, n: int) -> None:
+    """``n`` rows committed in one transaction and one signal (the last row's), so the hub
+    reads them all at once."""
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        for i in range(n):
+            row = await feed.append(conn, topic, "store", {"i": i})
+    await feed.publish(runtime.cache, row)
+
+
 async def _events(resp: aiohttp.ClientResponse, count: int, timeout: float = 10) -> list[SseEvent]:
     got: list[SseEvent] = []
 
@@ -136,10 +145,7 @@ async def test_too_slow_client_is_disconnected_with_a_reason(
     client = await push_server(client_buffer_rows=3)
     resp = await client.get("/v1/stream", params={"topics": "pipeline"})
     # Ten rows committed together reach the hub in one read: more than the 3-row buffer.
-    async with runtime.pg.acquire() as conn, conn.transaction():
-        for i in range(10):
-            row = await feed.append(conn, "pipeline", "store", {"i": i})
-    await feed.publish(runtime.cache, row)
+    await _burst(runtime, "pipeline", 10)
     got: list[SseEvent] = []
     async for event in iter_sse(resp.content):
         if event is not None:
@@ -256,10 +262,7 @@ async def test_a_burst_larger_than_the_buffer_reaches_a_client_that_keeps_up(
     # the 3-row buffer, so a 10-row burst is delivered whole, once each, in order.
     client = await push_server(client_buffer_rows=3)
     resp = await client.get("/v1/stream", params={"topics": "pipeline"})
-    async with runtime.pg.acquire() as conn, conn.transaction():
-        for i in range(10):
-            row = await feed.append(conn, "pipeline", "store", {"i": i})
-    await feed.publish(runtime.cache, row)
+    await _burst(runtime, "pipeline", 10)
     got = await _events(resp, 10)
     assert [json.loads(e.data)["offset"] for e in got] == list(range(1, 11))
     assert [e.id for e in got] == [f"pipeline:{i}" for i in range(1, 11)]
