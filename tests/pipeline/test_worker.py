@@ -4,6 +4,7 @@ completion, failures retry then dead-letter, graceful stop loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import asyncpg
 
@@ -28,24 +29,27 @@ async def _journal_count(runtime, stage: str | None = None) -> int:
     return await runtime.pg.fetchval("SELECT count(*) FROM pipeline_journal")
 
 
-async def _run(runtime, stop, **kwargs):
-    return asyncio.create_task(run_workers(runtime, stop, config=kwargs.pop("config", FAST),
+@contextlib.asynccontextmanager
+async def _workers(runtime, **kwargs):
+    """Workers running for the block; stopped and waited for (10 s at most) when it ends."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(runtime, stop, config=kwargs.pop("config", FAST),
                                            concurrency=kwargs.pop("concurrency", 2),
                                            **kwargs))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 async def test_items_flow_through_all_stages_with_default_handlers(runtime):
     for i in range(5):
         assert await queue.enqueue(runtime.durable, f"doc{i}",
                                    {"text": f"{TEXT} item {i}", "title": f"T{i}"})
-    stop = asyncio.Event()
-    task = await _run(runtime, stop)
-    try:
+    async with _workers(runtime):
         await wait_until(lambda: _all_journaled(runtime, 20), timeout=20,
                          message="20 journal rows")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     assert await runtime.pg.fetchval("SELECT count(*) FROM pipeline_documents") == 5
     chunks = await runtime.pg.fetch("SELECT * FROM pipeline_chunks WHERE item_id = 'doc0'")
     assert chunks and all(len(c["embedding"]) == 256 for c in chunks)
@@ -80,15 +84,10 @@ async def test_failing_handler_retries_then_dead_letters(runtime):
         raise RuntimeError("provider down")
 
     await queue.enqueue(runtime.durable, "a", {"text": "x"})
-    stop = asyncio.Event()
-    task = await _run(runtime, stop, handlers={**DEFAULTS, "chunk": flaky},
-                      config=WorkerConfig(**{**FAST.__dict__, "max_failures": 3}))
-    try:
+    async with _workers(runtime, handlers={**DEFAULTS, "chunk": flaky},
+                        config=WorkerConfig(**{**FAST.__dict__, "max_failures": 3})):
         await wait_until(lambda: runtime.durable.llen(dead_key("chunk")), timeout=15,
                          message="dead letter")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     assert calls == ["a", "a", "a"]
     # Every failed attempt rolled back its partial writes and its journal row.
     assert await runtime.pg.fetchval("SELECT count(*) FROM pipeline_edges") == 0
@@ -99,14 +98,9 @@ async def test_failing_handler_retries_then_dead_letters(runtime):
 
 async def test_bad_document_is_dead_lettered_at_once(runtime):
     await queue.enqueue(runtime.durable, "bad", {"title": "no text"})
-    stop = asyncio.Event()
-    task = await _run(runtime, stop)
-    try:
+    async with _workers(runtime):
         await wait_until(lambda: runtime.durable.llen(dead_key("store")), timeout=10,
                          message="dead letter")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     assert await _journal_count(runtime) == 0
 
 
@@ -118,12 +112,9 @@ async def test_graceful_stop_releases_in_flight_items(runtime):
         await asyncio.sleep(30)
 
     await queue.enqueue(runtime.durable, "a", {"text": "x"})
-    stop = asyncio.Event()
     config = WorkerConfig(**{**FAST.__dict__, "shutdown_grace": 0.2})
-    task = await _run(runtime, stop, handlers={**DEFAULTS, "store": slow}, config=config)
-    await asyncio.wait_for(started.wait(), 10)
-    stop.set()
-    await asyncio.wait_for(task, 10)
+    async with _workers(runtime, handlers={**DEFAULTS, "store": slow}, config=config):
+        await asyncio.wait_for(started.wait(), 10)
     depths = await queue_depths(runtime.durable)
     assert depths["stages"]["store"] == {"ready": 1, "inflight": 0, "delayed": 0, "dead": 0}
     lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
@@ -141,18 +132,13 @@ async def test_one_bad_item_in_a_batch_holds_back_no_other(runtime):
 
     for item_id in ("a", "b", "bad", "c"):
         await queue.enqueue(runtime.durable, item_id, {"text": item_id})
-    stop = asyncio.Event()
     config = WorkerConfig(**{**FAST.__dict__, "batch": 4, "max_failures": 1})
-    task = await _run(runtime, stop, concurrency=1, config=config,
-                      handlers={**DEFAULTS, "store": picky})
-    try:
+    async with _workers(runtime, concurrency=1, config=config,
+                        handlers={**DEFAULTS, "store": picky}):
         await wait_until(lambda: runtime.durable.llen(dead_key("store")), timeout=10,
                          message="the bad item dead-lettered")
         await wait_until(lambda: _all_journaled(runtime, 12), timeout=10,
                          message="the others through chunk/embed/graph")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
     edges = await runtime.pg.fetch("SELECT item_id FROM pipeline_edges WHERE target = 'seen'")
     assert sorted(r["item_id"] for r in edges) == ["a", "b", "c"]  # bad's write rolled back
     journal = await runtime.pg.fetch("SELECT DISTINCT item_id FROM pipeline_journal")
@@ -181,15 +167,11 @@ async def test_postgres_outage_releases_items_without_counting_failures(runtime)
     counting = _CountingPool(dead_pg)
     broken = Runtime(runtime.settings, runtime.durable, runtime.cache, counting)
     await queue.enqueue(runtime.durable, "a", {"text": "x"})
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(broken, stop, stages=("store",), concurrency=1,
-                                           config=FAST))
     try:
-        await wait_until(lambda: counting.attempts >= 3, timeout=10,
-                         message="three attempts against the dead server")
+        async with _workers(broken, stages=("store",), concurrency=1):
+            await wait_until(lambda: counting.attempts >= 3, timeout=10,
+                             message="three attempts against the dead server")
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
         await dead_pg.close()
     lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
     assert lease is not None and lease.failures == 0 and lease.reclaims == 0
