@@ -1,6 +1,6 @@
 """Cluster client benchmark (issue 8): the cost of running the same Redis work on a local
 three-master cluster instead of one instance, and of the gateway's cluster client
-(``gateway.redis_cluster.GatewayCluster``) over redis-py's bare ``RedisCluster``.
+(``gateway.stores.cluster.GatewayCluster``) over redis-py's bare ``RedisCluster``.
 
 Workload per run: ``--ops`` dedup claims (``SET NX EX``) with ``--concurrency`` in flight, then
 the same number of token-checked releases (a Lua script by SHA, one key each), on keys that
@@ -29,8 +29,10 @@ from redis.asyncio.cluster import RedisCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import embedded, keys, redis_clients
+from gateway import keys
 from gateway.dedup import claims
+from gateway.stores import embedded
+from gateway.stores import redis as redis_clients
 from tests.topology import LocalCluster
 
 

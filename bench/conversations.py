@@ -27,13 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import embedded, keys
+from gateway import keys
 from gateway.config import Settings
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.push import feed
 from gateway.ratelimit import Limiter
-from gateway.runtime import Runtime, open_runtime
-from gateway.store.migrate import migrate_url
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
+from gateway.stores.runtime import Runtime, open_runtime
 
 CONCURRENCY = 32
 HIGH = {"rate": 1_000_000, "period": 1, "burst": 1_000_000}

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import redis
 
-from gateway import embedded
-from gateway.adapters import signing
-from gateway.store.migrate import migrate_url
+from gateway.inbound import signing
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
 
 SECRET = "whsec_" + base64.b64encode(b"bench-secret-bench-secret-bench!").decode()
 BODY = json.dumps({"type": "order.created", "text": "Order 1234 was created by a customer",

@@ -25,12 +25,13 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import embedded, redis_clients
-from gateway.adapters.mattermost import echo_handler
-from gateway.adapters.mattermost_listener import Listener, ListenerConfig
 from gateway.config import Settings
-from gateway.runtime import Runtime
+from gateway.inbound.mattermost.listener import Listener, ListenerConfig
+from gateway.stores import embedded
+from gateway.stores import redis as redis_clients
+from gateway.stores.runtime import Runtime
 from tests.fakes.mattermost import FakeMattermost
+from tests.inbound.mattermost.helpers import echo_handler
 
 TOKEN = "bench-token"
 CONCURRENCY = 8

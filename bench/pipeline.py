@@ -29,15 +29,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gateway import embedded, redis_clients
+from gateway.app.worker import run_workers
 from gateway.config import Settings
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
-from gateway.pipeline.runner import run_workers
 from gateway.pipeline.stages import STAGES, stats_key
 from gateway.pipeline.worker import WorkerConfig
-from gateway.runtime import open_runtime
-from gateway.store.migrate import migrate_url
+from gateway.stores import embedded
+from gateway.stores import redis as redis_clients
+from gateway.stores.migrate import migrate_url
+from gateway.stores.runtime import open_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".gateway" / "bench-peers"

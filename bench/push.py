@@ -51,10 +51,11 @@ from urllib.parse import urlsplit
 import ingest  # sibling bench script: its pin() and wait_http() helpers
 import redis.asyncio as aioredis
 
-from gateway import embedded, keys
+from gateway import keys
 from gateway.push import feed
-from gateway.store.migrate import migrate_url
-from gateway.store.pool import create_pool
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
+from gateway.stores.postgres import create_pool
 
 OFFSET_RE = re.compile(rb'\ndata: \{"topic":"[^"]+","offset":(\d+),')
 SIGNAL_OFFSET_RE = re.compile(rb'"offset": ?(\d+)')

@@ -36,10 +36,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import ingest
-from gateway import embedded, redis_clients
 from gateway.pipeline import queue
 from gateway.pipeline.stages import stats_key
-from gateway.store.migrate import migrate_url
+from gateway.stores import embedded
+from gateway.stores import redis as redis_clients
+from gateway.stores.migrate import migrate_url
 from tests.topology import LocalCluster
 
 CLK = os.sysconf("SC_CLK_TCK")

@@ -15,14 +15,14 @@ from gateway.config import ConfigError, Settings, load_settings
 STAGES = ("store", "chunk", "embed", "graph")
 # subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
 TARGETS: dict[str, str] = {
-    "dev": "gateway.dev:main",
-    "serve": "gateway.serve:main",
-    "worker": "gateway.pipeline.runner:main",
-    "listen": "gateway.adapters.mattermost:main_listen",
+    "dev": "gateway.app.dev:main",
+    "serve": "gateway.app.serve:main",
+    "worker": "gateway.app.worker:main",
+    "listen": "gateway.app.listen:main",
     "recover": "gateway.pipeline.recover:main",
     "deadletter": "gateway.pipeline.deadletter:main",
-    "sign": "gateway.adapters.webhooks:main_sign",
-    "telegram": "gateway.adapters.telegram:main_set_webhook",
+    "sign": "gateway.inbound.webhooks:main_sign",
+    "telegram": "gateway.inbound.telegram:main_set_webhook",
 }
 
 
@@ -89,8 +89,7 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway import doctor
-
+    from gateway.stores import doctor
     checks = asyncio.run(doctor.run_checks(settings))
     for check in checks:
         print(check.line())
@@ -98,7 +97,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.store.migrate import migrate_url
+    from gateway.stores.migrate import migrate_url
 
     if not settings.database_url:
         raise ConfigError("GATEWAY_DATABASE_URL", "is required")

@@ -24,15 +24,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway import embedded
 from gateway.config import Secret, Settings, parse_webhook_secrets
-from gateway.runtime import Runtime, open_runtime
-from gateway.store.migrate import migrate_url
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
+from gateway.stores.runtime import Runtime, open_runtime
 from tests import topology
 
 pytest_plugins = ["tests.fakes.pytest_plugin"]
 
-# As gateway.adapters.telegram does on import: PTB time periods as timedeltas, whichever test
+# As gateway.inbound.telegram does on import: PTB time periods as timedeltas, whichever test
 # imports what first.
 os.environ.setdefault("PTB_TIMEDELTA", "1")
 
@@ -136,8 +136,7 @@ def settings(servers: ServerSet) -> Settings:
 
 async def reset_stores(servers: ServerSet) -> None:
     """Empty both Redis instances and every data table: each test starts from nothing."""
-    from gateway import redis_clients
-
+    from gateway.stores import redis as redis_clients
     for url in (servers.durable_url, servers.cache_url):
         client = redis_clients.connect(url, variable="test")
         try:

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from gateway.app.worker import service as pipeline_service
 from gateway.config import Secret, Settings
-from gateway.pipeline.runner import service as pipeline_service
-from gateway.runtime import Runtime, open_runtime
-from tests.adapters.mattermost_helpers import mattermost_settings
-from tests.adapters.webhook_helpers import body_of, standard
+from gateway.stores.runtime import Runtime, open_runtime
 from tests.conversations.fast import with_sections
 from tests.fakes import FakeMattermost, FakeSlack, FakeTelegram, event_callback, text_update
 from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN
 from tests.fakes.slack import signed_json
 from tests.helpers import registry_violations, wait_until
+from tests.inbound.mattermost.helpers import mattermost_settings
+from tests.inbound.webhook_helpers import body_of, standard
 
 pytestmark = pytest.mark.slow
 TELEGRAM_SECRET = "scenario-secret"

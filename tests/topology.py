@@ -1,7 +1,7 @@
 """Redis topologies beyond one instance, for the test fixtures: a local three-master Redis
 Cluster per role, and a Sentinel-watched master/replica pair.
 
-Every node is a :class:`gateway.embedded.RedisServer` started with the role's
+Every node is a :class:`gateway.stores.embedded.RedisServer` started with the role's
 ``deploy/redis/*.conf`` plus the overrides that make it a cluster node or a replica, so the
 cluster runs the same memory and persistence policy as the single instance it replaces.
 
@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import redis
 
-from gateway import embedded
+from gateway.stores import embedded
 
 TOPOLOGY_ENV = "GATEWAY_TEST_TOPOLOGY"
 TOPOLOGIES = ("single", "cluster")

@@ -18,7 +18,7 @@ from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
 from gateway.conversations.store import Message
 from gateway.ratelimit import Providers
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,16 +22,15 @@ from gateway.conversations import store
 from gateway.conversations.handlers import Context, Handler, load_handler
 from gateway.conversations.locks import KeyedLocks
 from gateway.conversations.model import Incoming, chat_key, command_of, pointer_key
-from gateway.outbound.delivery import RetryPolicy, deliver, limit_names
+from gateway.outbound.delivery import RetryPolicy, Send, deliver, limit_names
 from gateway.push import feed
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 __all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
 
 log = logging.getLogger("gateway.conversations")
 
-Send = Callable[[str], Awaitable[None]]
 DEFAULT_IDLE_SECONDS = 7 * 86400
 RESERVED_CONNECTIONS = 2
 APOLOGY = "Sorry, I could not answer that just now. Please try again."

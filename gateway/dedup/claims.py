@@ -14,14 +14,14 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 IN_PROGRESS = "in-progress"
 DONE = "done"
 
 # Release only our own claim: a claim that expired and was re-taken by a retry is not ours.
-_RELEASE = (Path(__file__).parent / "release.lua").read_text()
-_TAKE_OVER = (Path(__file__).parent / "take_over.lua").read_text()
+_RELEASE = (Path(__file__).parent / "lua" / "release.lua").read_text()
+_TAKE_OVER = (Path(__file__).parent / "lua" / "take_over.lua").read_text()
 
 
 class Outcome(enum.Enum):

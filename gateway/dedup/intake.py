@@ -30,10 +30,10 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from gateway.dedup import claims
-from gateway.dedup.autopipeline import AutoPipeline
 from gateway.pipeline import metrics
 from gateway.pipeline.queue import add_call
 from gateway.pipeline.scripts import scripts_for
+from gateway.stores.coalesce import AutoPipeline
 
 log = logging.getLogger("gateway.intake")
 # Claim tokens only need to be unique: a random per-process prefix and a counter are.

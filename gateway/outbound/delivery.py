@@ -13,19 +13,32 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import asyncpg
 
 from gateway.config import Settings, field_types, positive_numbers
-from gateway.conversations.model import Incoming
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
 
 log = logging.getLogger("gateway.outbound")
 
+# Hands one reply text to the platform; raises what the platform answered.
 Send = Callable[[str], Awaitable[None]]
 Db: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
+
+
+class Destination(Protocol):
+    """Where a reply goes: the platform's chat (a conversation's ``Incoming`` is one)."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def chat(self) -> str: ...
+    @property
+    def thread(self) -> str | None: ...
+    @property
+    def team(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,7 @@ class RetryPolicy:
         return cls(**values)
 
 
-def limit_names(incoming: Incoming,
+def limit_names(incoming: Destination,
                 table: Mapping[str, Mapping[str, Rate]]) -> list[tuple[str, Rate]]:
     """The limiter buckets one reply to this chat passes, per DESIGN §5."""
     scopes = table.get(incoming.platform, {})
@@ -59,7 +72,7 @@ def limit_names(incoming: Incoming,
     return names
 
 
-async def dead_letter(db: Db, incoming: Incoming, text: str, *, attempts: int,
+async def dead_letter(db: Db, incoming: Destination, text: str, *, attempts: int,
                       error: str, conversation_id: int | None = None,
                       seq: int | None = None) -> None:
     await db.execute(
@@ -70,7 +83,7 @@ async def dead_letter(db: Db, incoming: Incoming, text: str, *, attempts: int,
 
 
 async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
-                  incoming: Incoming, text: str, send: Send, policy: RetryPolicy, *,
+                  incoming: Destination, text: str, send: Send, policy: RetryPolicy, *,
                   conversation_id: int | None = None, seq: int | None = None) -> bool:
     """Send ``text``; True when the platform took it, False when it was dead-lettered.
 

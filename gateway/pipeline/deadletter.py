@@ -19,8 +19,8 @@ from gateway.pipeline.stages import (
     stats_key,
 )
 from gateway.pipeline.status import payload_of
-from gateway.redis_clients import AnyRedis
-from gateway.runtime import open_runtime
+from gateway.stores.redis import AnyRedis
+from gateway.stores.runtime import open_runtime
 
 MAX_BATCH = 1000
 

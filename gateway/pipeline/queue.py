@@ -35,7 +35,7 @@ from gateway.pipeline.stages import (
     seen_key,
     stats_key,
 )
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 # How many entries of its dedup bucket one ADD samples for expiry, and due retries one FETCH
 # promotes: bounded work per script call (a long script blocks every client of the instance).

@@ -22,8 +22,8 @@ from gateway.config import Settings
 from gateway.pipeline import queue
 from gateway.pipeline.scripts import scripts_for
 from gateway.pipeline.stages import STAGES, legacy_ready_key, meta_key, ready_keys
-from gateway.redis_clients import AnyRedis
-from gateway.runtime import open_runtime
+from gateway.stores.redis import AnyRedis
+from gateway.stores.runtime import open_runtime
 
 log = logging.getLogger("gateway.pipeline")
 BATCH = 500

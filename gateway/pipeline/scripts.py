@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
@@ -19,7 +19,7 @@ _EMBEDS = {"claim_add": ("add_item", "add")}
 
 
 def source(name: str) -> str:
-    prelude = (LUA_DIR / "_prelude.lua").read_text()
+    prelude = (LUA_DIR / "includes" / "prelude.lua").read_text()
     body = (LUA_DIR / f"{name}.lua").read_text()
     if name in _EMBEDS:
         function, embedded = _EMBEDS[name]

@@ -15,7 +15,7 @@ from gateway.pipeline.stages import (
     meta_key,
     ready_keys,
 )
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 _STAGE_STATE = {"q": "queued", "r": "running", "w": "retrying", "x": "dead"}
 

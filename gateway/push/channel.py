@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway import keys
 from gateway.push import metrics
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
 IDLE_CHANNEL = keys.push_channel("gateway.idle")

@@ -21,10 +21,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gateway.push.cursor import format_cursor
-from gateway.push.cursor import parse as parse_cursor
-from gateway.push.feed import FeedRow
-from gateway.push.sse import DISCONNECT_EVENT
+from gateway.push.protocol import DISCONNECT_EVENT, FeedRow, format_cursor, parse_cursor
 
 log = logging.getLogger("gateway.push.client")
 

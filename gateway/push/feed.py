@@ -9,63 +9,18 @@ statement of their transaction: the topic stays locked until it commits.
 
 from __future__ import annotations
 
-import functools
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from gateway.push.channel import publish_signal
-from gateway.redis_clients import AnyRedis
+from gateway.push.protocol import FeedError, FeedRow, check_topic
+from gateway.stores.redis import AnyRedis
 
-# Topics end up in SSE cursors ("<topic>:<offset>" joined by commas) and channel names.
-TOPIC_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,200}$")
 MAX_READ_LIMIT = 1000
 KIND_MAX = 100
-
-
-class FeedError(ValueError):
-    """A topic, kind or cursor the feed refuses; the message is fit for a 400 answer."""
-
-
-def check_topic(topic: str) -> str:
-    if not isinstance(topic, str) or not TOPIC_RE.match(topic) or topic.endswith(":"):
-        raise FeedError(
-            "topic must be 1-200 characters of letters, digits and _ . : @ - "
-            "(not ending in ':')")
-    return topic
-
-
-@dataclass(frozen=True)
-class FeedRow:
-    topic: str
-    offset: int
-    epoch: int
-    kind: str
-    payload: dict[str, Any]
-    created_at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        """The wire form of DESIGN §6."""
-        return {"topic": self.topic, "offset": self.offset, "epoch": self.epoch,
-                "kind": self.kind, "payload": self.payload,
-                "created_at": self.created_at.isoformat()}
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> FeedRow:
-        """The inverse of :meth:`to_json` (rows read from the HTTP API or a signal)."""
-        return cls(str(body["topic"]), int(body["offset"]), int(body["epoch"]),
-                   str(body["kind"]), dict(body["payload"]),
-                   datetime.fromisoformat(str(body["created_at"])))
-
-    @functools.cached_property
-    def wire(self) -> str:
-        """``to_json()`` as compact JSON text, encoded once however many streams send it."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ follows several topics carries a cursor of all of them and builds its own event.
 
 from __future__ import annotations
 
-from gateway.push.feed import FeedRow
+from gateway.push.protocol import FeedRow
 
 
 def event_text(cursor: str, row: FeedRow) -> str:

@@ -23,10 +23,10 @@ import asyncpg
 
 from gateway.push import feed, metrics
 from gateway.push.channel import SignalListener
-from gateway.push.feed import FeedRow
 from gateway.push.frames import Frame
+from gateway.push.protocol import FeedRow
 from gateway.push.settings import PushSettings
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
 # How often the hub checks every stream for heartbeats due, departed clients, stuck writes.

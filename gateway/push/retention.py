@@ -16,9 +16,9 @@ import logging
 import asyncpg
 
 from gateway.push.channel import publish_signal
-from gateway.push.feed import check_topic
+from gateway.push.protocol import check_topic
 from gateway.push.settings import PushSettings
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
 _RETENTION_LOCK = 0x67777066  # one process trims at a time; the others skip the round

@@ -20,19 +20,23 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11
 
-from gateway.push import cursor as cursors
+from gateway.http.errors import ApiError
 from gateway.push import feed, metrics
-from gateway.push.feed import FeedError, FeedRow
 from gateway.push.frames import Frame, event_text
 from gateway.push.frames import chunk as chunk_frame
 from gateway.push.hub import Disconnected, Hub, Subscriber
+from gateway.push.protocol import (
+    DISCONNECT_EVENT,
+    FeedError,
+    FeedRow,
+    check_topic,
+    format_cursor,
+    parse_cursor,
+)
 from gateway.push.settings import PushSettings
-from gateway.web.errors import ApiError
 
 log = logging.getLogger("gateway.push")
 
-# Named event the server sends right before it closes a stream on purpose.
-DISCONNECT_EVENT = "gateway.disconnect"
 # The hub writes straight to a client's socket only while less than this is waiting in its
 # send buffer (asyncio's default high-water mark); above it rows wait in the subscriber's
 # bounded buffer and the stream's task writes them, waiting for the socket to drain.
@@ -49,7 +53,7 @@ def parse_topics(text: str | None, limit: int) -> tuple[str, ...]:
         raise ApiError(400, "bad_request", f"at most {limit} topics per stream")
     try:
         for topic in topics:
-            feed.check_topic(topic)
+            check_topic(topic)
     except FeedError as exc:
         raise ApiError(400, "bad_request", str(exc)) from None
     return topics
@@ -58,7 +62,7 @@ def parse_topics(text: str | None, limit: int) -> tuple[str, ...]:
 def parse_since(request: web.Request) -> dict[str, int]:
     text = request.headers.get("Last-Event-ID") or request.query.get("since") or ""
     try:
-        return cursors.parse(text)
+        return parse_cursor(text)
     except FeedError as exc:
         raise ApiError(400, "bad_request", f"Last-Event-ID/since: {exc}") from None
 
@@ -97,7 +101,7 @@ class _Stream:
         if len(self.positions) == 1:  # the common case, once per event: keep it cheap
             ((topic, pos),) = self.positions.items()
             return f"{topic}:{pos.offset}"
-        return cursors.format_cursor({t: p.offset for t, p in self.positions.items()})
+        return format_cursor({t: p.offset for t, p in self.positions.items()})
 
     async def write(self, text: str) -> None:
         # No timeout here: the hub's housekeeping aborts a write stuck for too long.

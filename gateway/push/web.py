@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.http.state import add_readiness_check
 from gateway.push import feed, sse
-from gateway.push.feed import FeedError
 from gateway.push.hub import Hub
+from gateway.push.protocol import FeedError
 from gateway.push.retention import run_retention
 from gateway.push.settings import PushSettings
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.errors import ApiError
-from gateway.web.health import add_readiness_check
+from gateway.stores.runtime import Runtime
 
 HUB: web.AppKey[Hub] = web.AppKey("push_hub", Hub)
 DEFAULT_LIMIT = 100

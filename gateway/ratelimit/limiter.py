@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway import keys
-from gateway.redis_clients import AnyRedis
+from gateway.stores.redis import AnyRedis
 
-_HERE = Path(__file__).parent
-_CLOCK = (_HERE / "clock.lua").read_text()
+_HERE = Path(__file__).parent / "lua"
+_CLOCK = (_HERE / "includes" / "clock.lua").read_text()
 _WINDOW = _CLOCK + (_HERE / "window.lua").read_text()
 _SLOTS = _CLOCK + (_HERE / "slots.lua").read_text()
 _MICRO = 1_000_000

@@ -28,10 +28,10 @@ from redis.commands.core import AsyncScript
 
 from gateway import keys
 from gateway.config import ConfigError, positive_numbers
-from gateway.dedup.autopipeline import AutoPipeline
-from gateway.web.errors import ApiError
+from gateway.http.errors import ApiError
+from gateway.stores.coalesce import AutoPipeline
 
-_FAIL = (Path(__file__).parent / "brute_fail.lua").read_text()
+_FAIL = (Path(__file__).parent / "lua" / "brute_fail.lua").read_text()
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.access.admin import admin_only
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.http.state import RUNTIME
 from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.auth import admin_only
-from gateway.web.errors import ApiError
-from gateway.web.keys import RUNTIME
+from gateway.stores.runtime import Runtime
 
 
 def _stage(request: web.Request) -> str:

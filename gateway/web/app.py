@@ -1,7 +1,7 @@
 """Builds the aiohttp application from components.
 
 A component is a module with ``setup(app, runtime)`` that adds its routes (through
-``gateway.web.routes``), background tasks (``app.cleanup_ctx``) and readiness checks. The
+``gateway.http.routes``), background tasks (``app.cleanup_ctx``) and readiness checks. The
 list below is the whole HTTP surface.
 """
 
@@ -12,17 +12,17 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.keys import RUNTIME
+from gateway.http import routes
+from gateway.http.state import RUNTIME
+from gateway.stores.runtime import Runtime
 
 COMPONENTS: tuple[str, ...] = (
     "gateway.web.health",
-    "gateway.adapters.webhooks",
-    "gateway.web.jobs",
-    "gateway.adapters.mattermost",
-    "gateway.adapters.telegram",
-    "gateway.adapters.slack",
+    "gateway.inbound.webhooks",
+    "gateway.inbound.jobs",
+    "gateway.inbound.mattermost.component",
+    "gateway.inbound.telegram",
+    "gateway.inbound.slack",
     "gateway.web.admin",
     "gateway.web.search",
     "gateway.push.web",
@@ -32,7 +32,7 @@ COMPONENTS: tuple[str, ...] = (
 
 def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.Application:
     settings = runtime.settings
-    # No middlewares: every route is guarded at registration (gateway.web.routes, which
+    # No middlewares: every route is guarded at registration (gateway.http.routes, which
     # says why); unmatched requests reach the fallback route added last.
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[RUNTIME] = runtime

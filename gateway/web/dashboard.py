@@ -16,13 +16,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.adapters import mattermost_health
-from gateway.pipeline.admin import queue_depths
+from gateway.http import routes
+from gateway.http.state import RUNTIME
+from gateway.inbound.mattermost import health as mattermost_health
+from gateway.pipeline.status import queue_depths
 from gateway.push import feed
 from gateway.push.web import HUB
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.keys import RUNTIME
+from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.web")
 STATIC = Path(__file__).parent / "static"

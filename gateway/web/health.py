@@ -9,17 +9,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.redis_clients import AnyRedis
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.keys import READINESS, ReadinessCheck
+from gateway.http import routes
+from gateway.http.state import READINESS, ReadinessCheck, add_readiness_check
+from gateway.stores.redis import AnyRedis
+from gateway.stores.runtime import Runtime
 
 CHECK_TIMEOUT = 2.0
-
-
-def add_readiness_check(app: web.Application, name: str, check: ReadinessCheck,
-                        *, required: bool = True) -> None:
-    app[READINESS][name] = (check, required)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -73,7 +68,6 @@ def store_checks(runtime: Runtime) -> dict[str, ReadinessCheck]:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    app[READINESS] = {}
     for name, check in store_checks(runtime).items():
         add_readiness_check(app, name, check)
     routes.get(app, "/healthz", healthz)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.pipeline import search as pipeline_search
-from gateway.runtime import Runtime
-from gateway.web import routes
-from gateway.web.errors import ApiError
-from gateway.web.keys import RUNTIME
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.http.state import RUNTIME
+from gateway.knowledge import search as pipeline_search
+from gateway.stores.runtime import Runtime
 
 
 async def search(request: web.Request) -> web.Response:

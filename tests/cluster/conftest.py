@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from gateway import embedded
+from gateway.stores import embedded
 from tests import topology
 from tests.conftest import ServerSet
 from tests.topology import LocalCluster

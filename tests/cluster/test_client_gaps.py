@@ -1,12 +1,13 @@
-"""gateway.redis_cluster: code written for one instance runs unchanged on a cluster client
+"""gateway.stores.cluster: code written for one instance runs unchanged on a cluster client
 that has not connected yet (pipelined scripts after SCRIPT FLUSH, pubsub first)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway import keys, redis_clients
-from gateway.redis_cluster import GatewayCluster
+from gateway import keys
+from gateway.stores import redis as redis_clients
+from gateway.stores.cluster import GatewayCluster
 from tests.conftest import ServerSet
 from tests.helpers import wait_until
 

@@ -8,7 +8,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway import keys
 from gateway.dedup import claims
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from tests.cluster.conftest import keys_on_every_primary
 from tests.helpers import wait_until
 

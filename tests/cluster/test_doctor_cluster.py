@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from gateway import doctor, redis_clients
 from gateway.config import Settings
+from gateway.stores import doctor
+from gateway.stores import redis as redis_clients
 from tests.conftest import ServerSet
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from redis.asyncio.cluster import RedisCluster
 
 from gateway import keys
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from tests.cluster.conftest import keys_on_every_primary, on_node
 from tests.conftest import ServerSet, reset_stores
 from tests.helpers import registry_violations

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import Settings
-from gateway.runtime import Runtime, open_runtime
+from gateway.stores.runtime import Runtime, open_runtime
 from tests.conversations.fast import with_sections
 
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from gateway.config import Settings
-from gateway.runtime import Runtime, open_runtime
+from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 
 FAST_LIMITS: dict[str, Any] = {

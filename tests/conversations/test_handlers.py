@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from gateway.config import ConfigError, Settings
 from gateway.conversations.handlers import default_handler, load_handler
 from gateway.conversations.service import APOLOGY, ConversationService, Incoming
-from gateway.runtime import Runtime, open_runtime
+from gateway.stores.runtime import Runtime, open_runtime
 from tests.conversations.fast import with_sections
 
 _ids = itertools.count(1)

@@ -18,10 +18,10 @@ from gateway.conversations.service import (
     Incoming,
     handle_incoming,
 )
-from gateway.embedded import RedisServer
 from gateway.outbound.errors import RetryLater
 from gateway.push import feed
-from gateway.runtime import Runtime, open_runtime
+from gateway.stores.embedded import RedisServer
+from gateway.stores.runtime import Runtime, open_runtime
 from tests.helpers import registry_violations, wait_until
 
 _ids = itertools.count(1)

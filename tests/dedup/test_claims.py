@@ -2,7 +2,7 @@ import asyncio
 
 from gateway import keys
 from gateway.dedup import claims
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 
 async def test_first_claims_then_duplicates(runtime: Runtime) -> None:

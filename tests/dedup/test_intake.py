@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway import keys
-from gateway.dedup.autopipeline import AutoPipeline
 from gateway.dedup.intake import Intake, Intaker
 from gateway.pipeline.status import ready_items
-from gateway.runtime import Runtime
+from gateway.stores.coalesce import AutoPipeline
+from gateway.stores.runtime import Runtime
 
 TTL = 600
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 import yaml
 
-from gateway import embedded
+from gateway.stores import embedded
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

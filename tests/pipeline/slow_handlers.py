@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.pipeline.handlers import StageContext, store
+from gateway.knowledge.stages import store
+from gateway.pipeline.handlers import StageContext
 
 
 async def store_then_hang(ctx: StageContext) -> None:

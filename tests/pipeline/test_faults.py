@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.app.worker import run_workers
 from gateway.pipeline import queue
 from gateway.pipeline.recover import recover
-from gateway.pipeline.runner import run_workers
 from gateway.pipeline.stages import STAGES, deadline_key, stats_key
 from gateway.pipeline.worker import StageWorker, WorkerConfig
-from gateway.runtime import open_runtime
+from gateway.stores.runtime import open_runtime
 from tests.helpers import wait_until
 
 FAST = WorkerConfig(lease=1.5, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.pipeline import deadletter, queue, search
-from gateway.pipeline.handlers import StageContext, chunk, embed, store
+from gateway.knowledge import search
+from gateway.knowledge.stages import chunk, embed, store
+from gateway.pipeline import deadletter, queue
+from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import dead_key, meta_key
 from gateway.pipeline.status import ready_items
 from tests.conftest import TEST_ADMIN_TOKEN

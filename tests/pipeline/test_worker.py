@@ -8,9 +8,10 @@ import contextlib
 
 import asyncpg
 
+from gateway.app.worker import run_workers
+from gateway.knowledge.stages import DEFAULTS
 from gateway.pipeline import queue
-from gateway.pipeline.handlers import DEFAULTS, StageContext
-from gateway.pipeline.runner import run_workers
+from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import STAGES, dead_key, meta_key
 from gateway.pipeline.status import queue_depths
 from gateway.pipeline.worker import WorkerConfig
@@ -159,8 +160,8 @@ class _CountingPool:
 
 
 async def test_postgres_outage_releases_items_without_counting_failures(runtime):
-    from gateway import embedded
-    from gateway.runtime import Runtime
+    from gateway.stores import embedded
+    from gateway.stores.runtime import Runtime
 
     dead_pg = await asyncpg.create_pool(
         f"postgresql://nobody@127.0.0.1:{embedded.free_port()}/none", min_size=0)

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from gateway.push.client import PushClient
 from gateway.push.web import HUB
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from gateway.web.app import create_app
 
 PUSH_COMPONENTS = ("gateway.web.health", "gateway.push.web")

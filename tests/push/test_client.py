@@ -13,7 +13,7 @@ import pytest
 from gateway.push import feed, sse
 from gateway.push.client import PushClient
 from gateway.push.retention import reset, trim
-from gateway.runtime import Runtime, open_runtime
+from gateway.stores.runtime import Runtime, open_runtime
 from tests.conftest import ServerSet, make_settings
 from tests.helpers import wait_until
 from tests.push.conftest import base_url, hub_of

@@ -10,7 +10,7 @@ import pytest
 
 from gateway import keys
 from gateway.push import feed
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 
 async def test_append_read_and_wire_form(runtime: Runtime) -> None:
@@ -72,8 +72,7 @@ async def test_publish_sends_the_signal(runtime: Runtime) -> None:
 
 
 async def test_publish_failure_is_swallowed(runtime: Runtime) -> None:
-    from gateway import redis_clients
-
+    from gateway.stores import redis as redis_clients
     dead = redis_clients.connect("redis://127.0.0.1:1/0", variable="test")
     try:
         row = await feed.append_and_publish(runtime.pg, dead, "pipeline", "store", {})

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gateway.push import feed
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 
 async def test_a_block_gets_consecutive_offsets_in_the_given_order(runtime: Runtime) -> None:

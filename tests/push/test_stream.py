@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from gateway.push import feed, sse
 from gateway.push.client import SseEvent, iter_sse
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from tests.helpers import wait_until
 from tests.push.conftest import hub_of
 
@@ -205,7 +205,7 @@ async def test_client_gone_is_unsubscribed(push_server: Any) -> None:
 
 async def test_streams_open_at_once_and_poll_while_redis_cache_is_down(
         servers: Any, push_server: Any, redis_factory: Any) -> None:
-    from gateway.runtime import open_runtime
+    from gateway.stores.runtime import open_runtime
     from tests.conftest import make_settings
 
     cache = redis_factory("cache")

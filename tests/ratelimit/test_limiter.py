@@ -12,7 +12,7 @@ import pytest
 from gateway import keys
 from gateway.ratelimit import Limiter, LimitError
 from gateway.ratelimit.limiter import window_key
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from tests.helpers import registry_violations
 
 

@@ -21,7 +21,7 @@ from gateway.ratelimit import (
     provider_limits,
 )
 from gateway.ratelimit.limiter import window_key
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 
 def test_defaults_follow_the_design(settings: Settings) -> None:

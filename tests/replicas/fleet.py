@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway import embedded
+from gateway.stores import embedded
 from tests.conftest import TEST_ADMIN_TOKEN, TEST_WEBHOOK_SOURCES, ServerSet
 from tests.fakes import FakeSlack, FakeTelegram
 from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.pipeline.handlers import StageContext, chunk
+from gateway.knowledge.stages import chunk
+from gateway.pipeline.handlers import StageContext
 
 CHUNK_DELAY = 0.05
 

@@ -18,12 +18,12 @@ import aiohttp
 import pytest
 
 from gateway.pipeline.stages import STAGES, dead_key, lease_key, stats_key
-from gateway.runtime import Runtime
-from tests.adapters.webhook_helpers import body_of, standard
+from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
 from tests.fakes import FakeSlack, FakeTelegram, event_callback, text_update
 from tests.fakes.slack import signed_json
 from tests.helpers import wait_until
+from tests.inbound.webhook_helpers import body_of, standard
 from tests.replicas.fleet import SLACK_SIGNING_SECRET, TELEGRAM_SECRET, Fleet, fleet_env
 
 WEBHOOKS = 30

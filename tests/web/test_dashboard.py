@@ -9,7 +9,7 @@ from typing import Any
 from gateway import keys
 from gateway.push import feed
 from gateway.push.web import HUB
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 from gateway.web.app import COMPONENTS, create_app
 from tests.helpers import wait_until
 
@@ -61,7 +61,7 @@ async def test_summary_shows_queues_throughput_listener_and_feed(
 async def test_summary_degrades_when_redis_cache_is_down(
         make_client: Callable[..., Any], runtime: Runtime, servers: Any,
         redis_factory: Callable[..., Any]) -> None:
-    from gateway.runtime import open_runtime
+    from gateway.stores.runtime import open_runtime
     from tests.conftest import make_settings
 
     cache = redis_factory("cache")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline.runner import run_workers
+from gateway.app.worker import run_workers
 from gateway.push import feed
-from gateway.runtime import Runtime
+from gateway.stores.runtime import Runtime
 
 CHROMIUM = (os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium")
             or "/usr/bin/chromium")

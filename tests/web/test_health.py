@@ -4,7 +4,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from gateway.config import Settings
-from gateway.runtime import open_runtime
+from gateway.stores.runtime import open_runtime
 
 
 async def test_healthz_and_readyz(client: TestClient[Any, Any]) -> None:

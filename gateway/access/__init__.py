@@ -1,0 +1,1 @@
+"""Who may call what: credentials and their checks."""

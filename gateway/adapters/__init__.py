@@ -1,1 +1,0 @@
-"""Inbound adapters: signed webhooks, Telegram, Slack, Mattermost."""

@@ -1,0 +1,118 @@
+"""``gateway dev``: the whole stack on one machine with nothing installed but the package.
+
+Starts (unless the matching ``GATEWAY_*_URL`` is set) a durable and a cache Redis with the
+``deploy/redis`` configurations and a PostgreSQL server, all under ``./.gateway/``; applies
+migrations; runs the HTTP server and the pipeline workers in this process. Passwords and a
+demo webhook secret are generated once and kept in ``.gateway/secrets.json`` so a second run
+reuses the data. SIGINT/SIGTERM stop everything; the servers also die with this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import dataclasses
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.app import serve
+from gateway.app.process import Service
+from gateway.app.worker import service as pipeline_service
+from gateway.config import Secret, Settings, parse_webhook_secrets, redact_url
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
+
+UNIX_PATH_MAX = 100  # sun_path is 108 bytes; leave room
+
+
+def _load_secrets(path: Path) -> dict[str, str]:
+    data: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    changed = False
+    for name in ("durable_password", "cache_password", "admin_token"):
+        if name not in data:
+            data[name] = embedded.new_password()
+            changed = True
+    if "webhook_secret" not in data:
+        data["webhook_secret"] = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+        changed = True
+    if changed:
+        path.write_text(json.dumps(data, indent=2))
+        path.chmod(0o600)
+    return data
+
+
+def _redis(role: embedded.Role, root: Path, password: str) -> embedded.RedisServer:
+    sock = root / f"{role}.sock"
+    server = embedded.RedisServer(role, root / role, password,
+                                  unix_socket=sock if len(str(sock)) < UNIX_PATH_MAX else None)
+    return server.start()
+
+
+def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], dict[str, str]]:
+    """Start what the settings do not point at; return settings that point at everything."""
+    root.mkdir(parents=True, exist_ok=True)
+    found = _load_secrets(root / "secrets.json")
+    servers: list[Any] = []
+    changes: dict[str, Any] = {}
+    try:
+        if not settings.durable_url:
+            server = _redis("durable", root, found["durable_password"])
+            servers.append(server)
+            changes["durable_url"] = server.url
+        if not settings.cache_url:
+            server = _redis("cache", root, found["cache_password"])
+            servers.append(server)
+            changes["cache_url"] = server.url
+        if not settings.database_url:
+            pg = embedded.PostgresServer(root / "postgres" / "data").start()
+            servers.append(pg)
+            changes["database_url"] = pg.url
+    except BaseException:
+        embedded.stop_all(servers)
+        raise
+    if not settings.admin_token:
+        changes["admin_token"] = Secret(found["admin_token"])
+    if not settings.webhook_sources:
+        changes["webhook_sources"] = parse_webhook_secrets(
+            "GATEWAY_WEBHOOK_SECRETS", f"demo={found['webhook_secret']}")
+    return dataclasses.replace(settings, **changes), servers, found
+
+
+def _announce(url: str, settings: Settings, root: Path) -> None:
+    lines = [
+        f"gateway dev: serving on {url}  (dashboard {url}/, readiness {url}/readyz)",
+        f"  GATEWAY_DURABLE_URL={redact_url(settings.durable_url)}",
+        f"  GATEWAY_CACHE_URL={redact_url(settings.cache_url)}",
+        f"  GATEWAY_DATABASE_URL={redact_url(settings.database_url)}",
+        f"  passwords, admin token, demo webhook secret (source 'demo'): {root / 'secrets.json'}",
+        "  Ctrl-C stops everything.",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _services(args: argparse.Namespace) -> list[Service]:
+    return [] if args.no_workers else [pipeline_service(concurrency=args.concurrency)]
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    root = Path(args.data_dir).resolve()
+    try:
+        settings, servers, _ = start_stack(root, settings)
+    except embedded.EmbeddedError as exc:
+        print(f"gateway dev: {exc}", file=sys.stderr)
+        return 1
+    try:
+        assert settings.database_url
+        asyncio.run(migrate_url(settings.database_url))
+        os.environ.setdefault("GATEWAY_DEV", "1")
+        return asyncio.run(serve.run(settings, services=_services(args),
+                                     on_ready=lambda url: _announce(url, settings, root)))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        embedded.stop_all(servers)

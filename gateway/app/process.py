@@ -1,0 +1,42 @@
+"""What every long-running command shares: the background-service shape, the stop signals,
+and the topology check that refuses to start on a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from gateway.config import Settings
+from gateway.stores import doctor
+from gateway.stores.runtime import Runtime
+
+log = logging.getLogger("gateway.serve")
+
+# A background service runs until the event is set, then returns after finishing its work.
+Service = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def preflight(settings: Settings) -> bool:
+    """DESIGN §1: refuse to serve when the topology check fails."""
+    checks = await doctor.run_checks(settings)
+    for check in checks:
+        if check.status != "ok":
+            log.warning("%s", check.line())
+    if doctor.has_failure(checks):
+        for check in checks:
+            if check.status == "fail":
+                print(f"gateway: refusing to start: {check.line()}", file=sys.stderr)
+        return False
+    return True

@@ -1,0 +1,84 @@
+"""``gateway serve``: topology checks, then the HTTP app (and, for ``gateway dev``, workers)
+until SIGINT/SIGTERM, then a graceful stop: listening socket closed first, in-flight requests
+finished, background services stopped, connections closed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import logging
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
+
+from gateway.app.process import Service, install_stop_signals, preflight
+from gateway.app.worker import reclaim_service
+from gateway.config import Settings
+from gateway.stores.runtime import open_runtime
+from gateway.web.app import create_app
+
+log = logging.getLogger("gateway.app.serve")
+
+async def run(settings: Settings, *, services: Sequence[Service] = (),
+              stop: asyncio.Event | None = None,
+              on_ready: Callable[[str], None] | None = None) -> int:
+    stop = stop or asyncio.Event()
+    install_stop_signals(stop)
+    if not await preflight(settings):
+        return 1
+    runtime = await open_runtime(settings)
+    runner = web.AppRunner(create_app(runtime), access_log=None, shutdown_timeout=10)
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        url = f"http://{settings.host}:{_bound_port(runner, settings.port)}"
+        log.info("serving on %s", url)
+        # What exists now (modules, the app, pools) lives as long as the process: keep it out
+        # of the cyclic collector's full passes, which otherwise walk it again and again.
+        gc.freeze()
+        tasks = [asyncio.create_task(service(runtime, stop)) for service in services]
+        if on_ready:
+            on_ready(url)
+        await _wait_stop(stop, tasks)
+    finally:
+        stop.set()
+        await runner.cleanup()
+        for task in tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+        await runtime.close()
+    return 0
+
+
+async def _wait_stop(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """Return on a stop request, or when a background service dies (then re-raise its error)."""
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        waiter.cancel()
+
+
+def _bound_port(runner: web.AppRunner, default: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return default
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    changes: dict[str, object] = {"telegram_polling": bool(args.telegram_polling)}
+    if args.host:
+        changes["host"] = args.host
+    if args.port is not None:
+        changes["port"] = args.port
+    settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+    return asyncio.run(run(settings, services=[reclaim_service()]))

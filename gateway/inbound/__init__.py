@@ -1,0 +1,1 @@
+"""Inbound events: signed webhooks, jobs, Telegram, Slack, Mattermost."""

@@ -1,0 +1,27 @@
+"""The brute-force barrier (``brute:``, gateway/security/brute.py) in front of the chat
+platforms' routes: an address that keeps presenting a wrong Telegram secret or a bad Slack
+signature is refused with 429 for a while, like a webhook sender with bad signatures."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.http.errors import ApiError
+from gateway.inbound.http_intake import install
+from gateway.stores.runtime import Runtime
+
+
+class Guard:
+    def __init__(self, app: web.Application, runtime: Runtime) -> None:
+        self.barrier = install(app, runtime).barrier
+
+    async def admit(self, request: web.Request) -> str:
+        """The client address, after refusing it (429) while it is blocked."""
+        ip = self.barrier.client_ip(request)
+        await self.barrier.check(ip)
+        return ip
+
+    async def refuse(self, ip: str, error: ApiError) -> ApiError:
+        """Count the failed check; the error to raise (429 when this failure blocked)."""
+        blocked_for = await self.barrier.record_failure(ip)
+        return self.barrier.refusal(blocked_for) if blocked_for else error

@@ -1,0 +1,100 @@
+"""``POST /v1/jobs`` (enqueue a document, idempotent on ``job_id``) and ``GET /v1/jobs/{id}``.
+
+A job with a ``job_id`` claims ``dedup:job:<job_id>`` in the same round trip as its ADD, so a
+repeated POST answers 200 duplicate with the same item id; a job without one gets a fresh
+random item id and needs no claim. Validation happens before anything is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from gateway import keys
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.http.state import RUNTIME
+from gateway.inbound.documents import parse_json
+from gateway.inbound.http_intake import INBOUND, install, intake_answer, read_body, require_json
+from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
+from gateway.pipeline.queue import job_status
+from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
+from gateway.stores.runtime import Runtime
+
+# Webhook items are "webhook:<source>:<id>"; a job_id may not impersonate one.
+RESERVED_PREFIX = "webhook:"
+
+
+def _bad(detail: str) -> ApiError:
+    return ApiError(400, "malformed", detail)
+
+
+def _optional_str(document: Mapping[str, Any], name: str) -> None:
+    if name in document and not isinstance(document[name], str):
+        raise _bad(f"document.{name} must be a string")
+
+
+def _job_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not all(
+            33 <= ord(c) < 127 for c in value):
+        raise _bad(f"job_id must be 1-{MAX_ID_LENGTH} printable ASCII characters, no spaces")
+    if value.startswith(RESERVED_PREFIX):
+        raise _bad(f"job_id may not start with {RESERVED_PREFIX!r}")
+    return value
+
+
+def parse_job(payload: Any) -> tuple[str | None, str, str, dict[str, Any]]:
+    """(job_id, priority, type, document) of a valid body, or 400 saying what is wrong."""
+    if not isinstance(payload, dict):
+        raise _bad("body must be a JSON object")
+    job_id = _job_id(payload.get("job_id"))
+    priority = payload.get("priority", "normal")
+    if not isinstance(priority, str) or priority not in PRIORITY_BASE:
+        raise _bad(f"priority must be one of {', '.join(PRIORITY_BASE)}")
+    doc_type = payload.get("type", "other")
+    if not isinstance(doc_type, str) or doc_type not in TYPE_BONUS:
+        raise _bad(f"type must be one of {', '.join(TYPE_BONUS)}")
+    document = payload.get("document")
+    if not isinstance(document, dict):
+        raise _bad("document must be an object with a text string")
+    if not isinstance(document.get("text"), str) or not document["text"].strip():
+        raise _bad("document.text must be a non-empty string")
+    _optional_str(document, "title")
+    _optional_str(document, "url")
+    return job_id, priority, doc_type, document
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    inbound = request.app[INBOUND]
+    require_json(request)
+    try:
+        job_id, priority, doc_type, document = parse_job(parse_json(await read_body(request)))
+    except MalformedError as exc:
+        raise _bad(str(exc)) from None
+    item_id = job_id or uuid.uuid4().hex
+    outcome = await inbound.intaker.submit(
+        keys.dedup_job(job_id) if job_id else None, item_id, document,
+        priority=priority, doc_type=doc_type)
+    return intake_answer(outcome, item_id)
+
+
+async def get_job(request: web.Request) -> web.Response:
+    item_id = request.match_info["id"]
+    # Item ids are printable text of bounded length; anything else (a NUL or a lone surrogate,
+    # which PostgreSQL would refuse) cannot name an item.
+    plausible = len(item_id) <= 4 * MAX_ID_LENGTH and item_id.isprintable()
+    status = await job_status(request.app[RUNTIME], item_id) if plausible else None
+    if status is None:
+        raise ApiError(404, "not_found", f"no job {item_id!r}")
+    return web.json_response(status)
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    install(app, runtime)
+    routes.post(app, "/v1/jobs", submit_job)
+    routes.get(app, "/v1/jobs/{id}", get_job)

@@ -1,0 +1,416 @@
+"""The Mattermost listener: one active replica, a resilient socket, nothing missed, nothing
+answered twice.
+
+- **One active listener.** A replica first takes the ``lock:`` lease (``gateway.leases.lease``);
+  standbys poll for it. The holder renews it every third of its TTL; a holder that cannot
+  renew in time, or finds the lease taken, stops the session. Before every reply it checks
+  that its fencing token is still the current one, so a holder that lost its lease (paused,
+  partitioned) never answers next to its successor.
+- **Socket.** Authenticate with the challenge, wait for ``hello``, read ``posted`` events.
+  Any drop (close 1000/1011, abort, refused upgrade, failed auth) leads to a reconnect after
+  an exponential delay with jitter; a connection that stayed up ``healthy_after`` seconds
+  resets the delay.
+- **Catch-up.** After every ``hello`` the listener lists its channels over REST and reads the
+  posts since the last post it saw there, minus a margin (clock skew, posts committed late);
+  for a channel it has not seen yet in this lease, since ``catchup_lookback`` seconds before
+  the lease was taken (what a dead predecessor may have missed).
+- **Exactly one answer.** Live and caught-up posts both go through the claim
+  ``dedup:mattermost-post:<id>``: the first claim answers, every other delivery is dropped.
+  A handler that fails before sending releases the claim, so a later catch-up answers it.
+  A claim is tagged with its holder's lease; one left in progress under an earlier lease
+  (the holder died mid-answer) is taken over on catch-up unless the platform shows our
+  reply to that post already (each reply names the post it answers in its props).
+- **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
+  ``mattermost_health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from redis.exceptions import RedisError
+
+from gateway import keys
+from gateway.dedup import claims
+from gateway.inbound.mattermost import health
+from gateway.inbound.mattermost.backoff import Backoff
+from gateway.inbound.mattermost.client import (
+    MattermostClient,
+    MattermostError,
+    Post,
+    SocketClosed,
+    posted_post,
+)
+from gateway.leases import lease as leases
+from gateway.outbound.delivery import Send
+from gateway.stores.runtime import Runtime
+
+log = logging.getLogger("gateway.mattermost")
+
+LEASE_NAME = "mattermost-listener"
+
+# Answers one post; calls ``send`` (zero or more times) to reply in the post's channel/thread.
+PostHandler = Callable[[Post, Send], Awaitable[None]]
+
+_NETWORK_ERRORS = (SocketClosed, MattermostError, aiohttp.ClientError, TimeoutError, OSError)
+
+
+class LeaseLost(BaseException):
+    """The fencing check failed: another replica holds the listener lease now.
+
+    A ``BaseException`` on purpose: the shared delivery loop retries and finally dead-letters
+    any ``Exception`` from a send, but a fenced-off holder must simply stop; its successor
+    answers the post after its catch-up.
+    """
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """Timings in seconds; the defaults suit production, tests shrink them."""
+
+    url: str
+    token: str
+    lease_seconds: float = 15.0
+    health_ttl: float = health.DEFAULT_TTL
+    health_interval: float = 10.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    healthy_after: float = 60.0
+    catchup_margin: float = 5.0
+    catchup_lookback: float = 120.0
+    ws_heartbeat: float = 30.0
+    hello_timeout: float = 30.0
+    dedup_ttl: int = 86400
+    max_concurrent: int = 8
+    drain_seconds: float = 5.0
+
+
+async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``stop``; true when it was set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout)
+    return stop.is_set()
+
+
+class Listener:
+    def __init__(self, runtime: Runtime, config: ListenerConfig, handler: PostHandler,
+                 *, instance: str | None = None) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.handler = handler
+        self.instance = instance or leases.instance_id()
+        self.state = health.ListenerState(self.instance)
+        self.bot_user_id = ""
+        self.lease: leases.Lease | None = None  # set while this replica is the active one
+        self._last_seen: dict[str, int] = {}
+        self._user_names: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(config.max_concurrent)
+        # One write at a time, each serialising the state when it runs: a slow earlier write
+        # (a heartbeat) can then never land after, and undo, a newer one (the hello).
+        self._publishing = asyncio.Lock()
+
+    # --- lease ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Stand by for the lease, hold it while it lasts, repeat until ``stop`` is set."""
+        session_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(timeout=session_timeout) as session:
+            client = MattermostClient(self.config.url, self.config.token, session)
+            while not stop.is_set():
+                lease = await self._wait_for_lease(stop)
+                if lease is None:
+                    return
+                log.info("mattermost listener %s active (fencing token %d)",
+                         self.instance, lease.token)
+                self.lease = lease
+                try:
+                    await self._hold(client, lease, stop)
+                except Exception:  # a bug must not end the listener of a whole deployment
+                    log.exception("mattermost listener %s failed; standing by", self.instance)
+                    await _stopped(stop, self.config.backoff_max)
+                finally:
+                    self.lease = None
+
+    async def _wait_for_lease(self, stop: asyncio.Event) -> leases.Lease | None:
+        poll = min(1.0, self.config.lease_seconds / 5)
+        while not stop.is_set():
+            try:
+                lease = await leases.acquire(self.runtime.durable, LEASE_NAME, self.instance,
+                                             self.config.lease_seconds)
+            except RedisError as exc:
+                log.warning("mattermost listener: cannot reach redis-durable: %s", exc)
+                lease = None
+            if lease is not None:
+                return lease
+            await _stopped(stop, poll)
+        return None
+
+    async def _hold(self, client: MattermostClient, lease: leases.Lease,
+                    stop: asyncio.Event) -> None:
+        lost = asyncio.Event()
+        self.state = health.ListenerState(self.instance)
+        self.state.set_connected(False)
+        self._last_seen = {}
+        floor_ms = int((time.time() - self.config.catchup_lookback) * 1000)
+        renewer = asyncio.create_task(self._renew(lease, lost))
+        beat = asyncio.create_task(self._heartbeat(lease))
+        session = asyncio.create_task(self._session(client, lease, floor_ms))
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+        try:
+            await asyncio.wait([session, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await _cancel(session, *waiters)
+            await self._drain()
+            await _cancel(renewer, beat)
+        failure = session.exception() if session.done() and not session.cancelled() else None
+        if lost.is_set():
+            log.warning("mattermost listener %s lost its lease; standing by", self.instance)
+            return
+        await self._step_down(lease)
+        if failure is not None:
+            raise failure  # after stepping down: another replica may take over meanwhile
+
+    async def _step_down(self, lease: leases.Lease) -> None:
+        """Clean stop: drop our flag first (no successor can have written it yet), then the
+        lease, so a standby takes over at once instead of after the TTL."""
+        with contextlib.suppress(RedisError):
+            await health.clear(self.runtime.cache, self.instance)
+        with contextlib.suppress(RedisError):
+            await leases.release(self.runtime.durable, lease)
+
+    async def _renew(self, lease: leases.Lease, lost: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(lease.ttl / 3)
+            try:
+                if not await leases.renew(self.runtime.durable, lease):
+                    break
+            except RedisError as exc:
+                log.warning("mattermost listener: lease renewal failed: %s", exc)
+                if not lease.locally_valid():
+                    break
+        lost.set()
+
+    # --- health flag -------------------------------------------------------------------
+
+    async def _heartbeat(self, lease: leases.Lease) -> None:
+        while lease.locally_valid():
+            await self._publish()
+            await asyncio.sleep(self.config.health_interval)
+
+    async def _publish(self) -> None:
+        if self.lease is None or not self.lease.locally_valid():
+            return  # a holder that lost its lease must not overwrite its successor's flag
+        try:
+            async with self._publishing:
+                await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
+        except RedisError as exc:  # losing redis-cache changes no outcome (DESIGN §1)
+            log.warning("mattermost listener: health flag not written: %s", exc)
+
+    # --- socket ------------------------------------------------------------------------
+
+    async def _session(self, client: MattermostClient, lease: leases.Lease,
+                       floor_ms: int) -> None:
+        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        while True:
+            connected_at: float | None = None
+            try:
+                # A server that accepts the socket but never says hello counts as a drop.
+                async with asyncio.timeout(self.config.hello_timeout) as until_hello:
+                    if not self.bot_user_id:
+                        self.bot_user_id = str((await client.me())["id"])
+                    async with client.events(self.config.ws_heartbeat) as stream:
+                        async for event in stream:
+                            await self._on_event(client, lease, event, floor_ms)
+                            if connected_at is None and self.state.connected:
+                                connected_at = time.monotonic()
+                                until_hello.reschedule(None)
+            except _NETWORK_ERRORS as exc:
+                if _cancelling():
+                    raise asyncio.CancelledError from exc
+                log.warning("mattermost socket: %s", exc)
+            if connected_at is not None:
+                self.state.reconnects += 1
+                if time.monotonic() - connected_at >= self.config.healthy_after:
+                    backoff.reset()
+            self.state.set_connected(False)
+            await self._publish()
+            await asyncio.sleep(backoff.next())
+
+    async def _on_event(self, client: MattermostClient, lease: leases.Lease,
+                        event: dict[str, Any], floor_ms: int) -> None:
+        self.state.saw_event()
+        if event.get("event") == "hello":
+            self.state.set_connected(True)
+            await self._publish()
+            # Snapshot now: live posts after hello must not move the catch-up's start.
+            self._spawn(self._catch_up(client, lease, dict(self._last_seen), floor_ms))
+            return
+        post = posted_post(event)
+        if post is not None:
+            self._spawn(self._process(client, lease, post))
+
+    async def _catch_up(self, client: MattermostClient, lease: leases.Lease,
+                        seen: dict[str, int], floor_ms: int) -> None:
+        """Read, per channel, what was posted while the socket was down, and answer it."""
+        margin_ms = int(self.config.catchup_margin * 1000)
+        try:
+            for channel_id in await client.my_channel_ids():
+                since = seen.get(channel_id, floor_ms + margin_ms) - margin_ms
+                for post in await client.posts_since(channel_id, since):
+                    self._spawn(self._process(client, lease, post))
+        except _NETWORK_ERRORS as exc:
+            log.warning("mattermost catch-up incomplete (next reconnect retries): %s", exc)
+
+    # --- one post ----------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(self._bounded(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+        async with self._slots:
+            try:
+                await coro
+            except RedisError as exc:  # the post stays unclaimed: a later catch-up takes it
+                log.warning("mattermost: redis-durable failed while handling a post: %s", exc)
+            except Exception:
+                log.exception("mattermost: handling a post failed")
+
+    async def _drain(self) -> None:
+        """Let posts in flight finish (bounded), then cancel what is left."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.config.drain_seconds)
+            await _cancel(*self._tasks)
+
+    def _wanted(self, post: Post) -> bool:
+        """Humans' posts only: not the bot's own replies, system messages or deleted posts."""
+        return (post.user_id != self.bot_user_id and not post.type.startswith("system_")
+                and not post.delete_at and bool(post.message.strip()))
+
+    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+        seen = self._last_seen.get(post.channel_id, 0)
+        self._last_seen[post.channel_id] = max(seen, post.create_at)
+        if not self._wanted(post):
+            return
+        durable, ttl = self.runtime.durable, self.config.dedup_ttl
+        key, holder = keys.dedup_mattermost_post(post.id), f"lease-{lease.token}"
+        try:
+            claim: claims.Claim | None = await claims.claim(durable, key, ttl, holder)
+            if claim is not None and not claim.claimed:
+                claim = await self._take_over(client, lease, post, key)
+        except RedisError as exc:
+            log.warning("mattermost post %s left for catch-up: %s", post.id, exc)
+            return
+        if claim is None or not claim.claimed:
+            return
+        if not await leases.holds(durable, lease):
+            await claims.release(durable, claim)
+            return
+        sent = 0
+
+        async def send(text: str) -> None:
+            nonlocal sent
+            await self._send(client, lease, post, text)
+            sent += 1
+
+        try:
+            post = dataclasses.replace(post, user_name=await self._user_name(client, post))
+            await self.handler(post, send)
+        except BaseException as exc:
+            # Nothing sent: free the claim so a catch-up (ours or a successor's) answers it.
+            with contextlib.suppress(RedisError):
+                if sent:
+                    await claims.mark_done(durable, claim, ttl)
+                else:
+                    await claims.release(durable, claim)
+            if isinstance(exc, Exception):
+                log.exception("mattermost post %s: handler failed", post.id)
+            elif not isinstance(exc, LeaseLost):
+                raise
+            return
+        with contextlib.suppress(RedisError):
+            await claims.mark_done(durable, claim, ttl)
+
+    async def _take_over(self, client: MattermostClient, lease: leases.Lease, post: Post,
+                         key: str) -> claims.Claim | None:
+        """A claim left in progress under an earlier lease is a dead holder's: it may have
+        died before answering, or after answering but before marking the claim done. The
+        platform says which: a reply of ours carries the answered post's id in its props.
+        Answered → the claim is marked done; not answered → it becomes ours. (A holder that
+        is only paused past its lease, not dead, could still post between this check and its
+        fencing check: the window fencing cannot close against an API without tokens.)"""
+        durable, ttl = self.runtime.durable, self.config.dedup_ttl
+        raw = await durable.get(key)
+        seen = raw.decode() if isinstance(raw, bytes) else raw
+        holder = claims.holder_of(seen)
+        if seen is None or holder is None or not holder.startswith("lease-"):
+            return None  # done, released meanwhile, or not a listener's claim
+        try:
+            if int(holder.removeprefix("lease-")) >= lease.token:
+                return None  # our own lease's: being answered here now
+        except ValueError:
+            return None
+        try:
+            answered = await self._answered_on_platform(client, post)
+        except _NETWORK_ERRORS as exc:
+            log.warning("mattermost post %s: cannot check for an earlier reply (%s); "
+                        "left for the next catch-up", post.id, exc)
+            return None
+        if answered:
+            await claims.mark_done(durable, claims.Claim(key, seen, claims.Outcome.DUPLICATE),
+                                   ttl)
+            return None
+        log.info("mattermost post %s: taking over the claim of %s", post.id, holder)
+        return await claims.take_over(durable, key, seen, ttl, f"lease-{lease.token}")
+
+    async def _answered_on_platform(self, client: MattermostClient, post: Post) -> bool:
+        replies = await client.posts_since(post.channel_id, max(0, post.create_at - 1))
+        return any(reply.user_id == self.bot_user_id and reply.reply_to == post.id
+                   for reply in replies)
+
+    async def _user_name(self, client: MattermostClient, post: Post) -> str:
+        """The author's username (cached per process); the id when the lookup fails."""
+        if post.user_id not in self._user_names:
+            try:
+                user = await client.user(post.user_id)
+            except _NETWORK_ERRORS:
+                return post.user_id
+            self._user_names[post.user_id] = str(user.get("username") or post.user_id)
+        return self._user_names[post.user_id]
+
+    async def _send(self, client: MattermostClient, lease: leases.Lease, post: Post,
+                    text: str) -> None:
+        """One reply, after the fencing check. Limits and 429 retries (``RateLimited`` carries
+        ``retry_after``) belong to the caller: the shared delivery loop of the conversations."""
+        if not await leases.holds(self.runtime.durable, lease):
+            raise LeaseLost(f"lease {lease.token} is no longer ours")
+        await client.create_post(post.channel_id, text, post.root_id or None, reply_to=post.id)
+
+
+def _cancelling() -> bool:
+    """Was this task asked to stop (even if a library turned that into another error)?"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel and reap. A library may turn a cancellation that races with its own timeout
+    into a ``TimeoutError`` and carry on, so cancel again until every task is done."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" noise

@@ -1,0 +1,247 @@
+"""Telegram bot (issue 6): python-telegram-bot inside our aiohttp app, no second server.
+
+Webhook mode: ``POST /telegram/webhook`` checks ``X-Telegram-Bot-Api-Secret-Token`` in
+constant time (403 otherwise), claims ``dedup:telegram-update:<bot_id>:<update_id>`` (a TTL
+claim, not a highest-id mark: ids turn random after a week of silence), answers 200 and hands
+the message to the conversation service in the background. Polling mode (``gateway serve
+--telegram-polling``): PTB's Updater long-polls ``getUpdates`` and the same path follows.
+PTB does the Bot API work (parsing updates, sending); the token stays out of logs because
+httpx is held at WARNING and the log filter masks ``bot<id>:<token>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from telegram import Update
+from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
+from telegram.ext import Application, ContextTypes, TypeHandler
+
+from gateway import keys
+from gateway.config import ConfigError, Settings
+from gateway.conversations.background import Background
+from gateway.conversations.service import Incoming, handle_incoming
+from gateway.dedup import claims
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.http.state import add_readiness_check
+from gateway.inbound.chat_guard import Guard
+from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
+from gateway.stores.runtime import Runtime
+
+# PTB 22 warns on every RetryAfter that time periods will become timedeltas; opt in now (it
+# reads the variable at each use). Our only time period is retry_after, and
+# gateway.outbound.errors.retry_after_of reads both forms.
+os.environ.setdefault("PTB_TIMEDELTA", "1")
+
+log = logging.getLogger("gateway.telegram")
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+ALLOWED_UPDATES = ["message"]
+DRAIN_SECONDS = 30.0
+
+TelegramApp = Application[Any, Any, Any, Any, Any, Any]
+
+
+def build_application(settings: Settings, *, polling: bool = False) -> TelegramApp:
+    """A PTB Application pointed at ``TELEGRAM_API_URL`` (PTB appends ``<token>/<method>``)."""
+    if not settings.telegram_bot_token:
+        raise ConfigError("TELEGRAM_BOT_TOKEN", "is required")
+    root = settings.telegram_api_url.rstrip("/")
+    builder = (Application.builder().token(settings.telegram_bot_token.get())
+               .base_url(f"{root}/bot").base_file_url(f"{root}/file/bot"))
+    if not polling:
+        builder = builder.updater(None)
+    return builder.build()
+
+
+def to_incoming(update: Update) -> Incoming | None:
+    """The conversation message an update carries, or None (not a user's text message)."""
+    message = update.message
+    if message is None or message.text is None or message.from_user is None:
+        return None
+    user = message.from_user
+    if user.is_bot:
+        return None
+    return Incoming(platform="telegram", chat=str(message.chat.id), thread=None,
+                    user_id=str(user.id), user_name=user.username or user.full_name,
+                    text=message.text, message_id=str(message.message_id))
+
+
+class TelegramBot:
+    """One bot: its PTB Application, the webhook route and the background handling."""
+
+    def __init__(self, runtime: Runtime, guard: Guard, *, polling: bool = False) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.polling = polling
+        self.ptb = build_application(self.settings, polling=polling)
+        self.background = Background("telegram")
+        self.guard = guard
+        self.ready = asyncio.Event()
+        section = self.settings.section("telegram")
+        self.poll_timeout = int(section.get("poll_timeout", 10))
+        self.retry_init = float(section.get("init_retry_seconds", 5.0))
+
+    # --- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect (getMe) and, in polling mode, start the Updater. Retries until Telegram
+        answers, so an unreachable Bot API never keeps the rest of the gateway down."""
+        while True:
+            try:
+                await self.ptb.initialize()
+                break
+            except TelegramError as exc:
+                log.warning("telegram: getMe failed (%s); retrying in %.0f s",
+                            type(exc).__name__, self.retry_init)
+                await asyncio.sleep(self.retry_init)
+        if self.polling:
+            self.ptb.add_handler(TypeHandler(Update, self._on_polled_update))
+            assert self.ptb.updater is not None
+            await self.ptb.updater.start_polling(timeout=self.poll_timeout,
+                                                 allowed_updates=ALLOWED_UPDATES)
+            await self.ptb.start()
+        self.ready.set()
+        log.info("telegram: bot %s ready (%s)", self.ptb.bot.id,
+                 "long polling" if self.polling else "webhook")
+
+    async def stop(self) -> None:
+        if self.ready.is_set() and self.polling:
+            assert self.ptb.updater is not None
+            await self.ptb.updater.stop()
+            await self.ptb.stop()
+        await self.background.drain(DRAIN_SECONDS)
+        if self.ready.is_set():
+            await self.ptb.shutdown()
+        self.ready.clear()
+
+    # --- inbound -----------------------------------------------------------------------
+    async def webhook(self, request: web.Request) -> web.Response:
+        ip = await self.guard.admit(request)
+        secret = self.settings.telegram_webhook_secret
+        offered = request.headers.get(SECRET_HEADER, "")
+        if not secret or not hmac.compare_digest(offered.encode(), secret.get().encode()):
+            raise await self.guard.refuse(
+                ip, ApiError(403, "forbidden", f"missing or wrong {SECRET_HEADER}"))
+        try:
+            data = await request.json()
+        except ValueError:
+            raise ApiError(400, "bad_request", "body must be a JSON Telegram update") from None
+        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+            raise ApiError(400, "bad_request", "body must be a Telegram update with update_id")
+        if not self.ready.is_set():
+            raise ApiError(503, "unavailable", "telegram bot is starting",
+                           {"Retry-After": "5"})
+        try:
+            update = Update.de_json(data, self.ptb.bot)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(400, "bad_request", f"not a Telegram update: {exc}") from None
+        await self.accept(update)
+        return web.json_response({"ok": True})
+
+    async def _on_polled_update(self, update: object,
+                                context: ContextTypes.DEFAULT_TYPE) -> None:
+        if isinstance(update, Update):
+            await self.accept(update)
+
+    async def accept(self, update: Update) -> None:
+        """Claim the update, then handle it in the background (the platform gets its 2xx
+        now). A duplicate, even of a claim still in progress, is answered as a success."""
+        incoming = to_incoming(update)
+        if incoming is None:
+            return
+        ttl = self.settings.dedup_ttl
+        claim = await claims.claim(self.runtime.durable,
+                                   keys.dedup_telegram_update(self.ptb.bot.id, update.update_id),
+                                   ttl)
+        if claim.claimed:
+            self.background.submit(self._process(incoming, claim))
+
+    async def _process(self, incoming: Incoming, claim: claims.Claim) -> None:
+        try:
+            await handle_incoming(self.runtime, incoming, self._sender(incoming))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await claims.release(self.runtime.durable, claim)
+            raise
+        await claims.mark_done(self.runtime.durable, claim, self.settings.dedup_ttl)
+
+    # --- outbound ----------------------------------------------------------------------
+    def _sender(self, incoming: Incoming) -> Any:
+        chat_id = int(incoming.chat)
+
+        async def send(text: str) -> None:
+            """One sendMessage; platform errors mapped for the outbound retry loop."""
+            try:
+                await self.ptb.bot.send_message(chat_id=chat_id, text=text)
+            except RetryAfter as exc:
+                raise RetryLater(retry_after_of(exc) or 1.0) from exc
+            except (Forbidden, BadRequest) as exc:
+                raise Undeliverable(f"{type(exc).__name__}: {exc}") from exc
+
+        return send
+
+
+# --- component ---------------------------------------------------------------------------
+TELEGRAM_BOT: web.AppKey[TelegramBot] = web.AppKey("telegram_bot", TelegramBot)
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    """Mount the webhook and run the bot while the app runs (only with TELEGRAM_BOT_TOKEN)."""
+    if not runtime.settings.telegram_bot_token:
+        return
+    if not runtime.settings.telegram_webhook_secret and not runtime.settings.telegram_polling:
+        log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
+    bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
+    app[TELEGRAM_BOT] = bot
+    routes.post(app, "/telegram/webhook", bot.webhook)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        starting = asyncio.create_task(bot.start())
+        yield
+        if not starting.done():
+            starting.cancel()
+        [outcome] = await asyncio.gather(starting, return_exceptions=True)
+        if isinstance(outcome, Exception):
+            log.error("telegram: bot did not start", exc_info=outcome)
+        await bot.stop()
+
+    async def readiness() -> tuple[bool, str]:
+        mode = "long polling" if bot.polling else "webhook"
+        return bot.ready.is_set(), f"{mode}, {'ready' if bot.ready.is_set() else 'starting'}"
+
+    app.cleanup_ctx.append(lifecycle)
+    # Not required: a Bot API outage must not take the other routes out of rotation.
+    add_readiness_check(app, "telegram", readiness, required=False)
+
+
+# --- CLI: gateway telegram set-webhook URL -------------------------------------------------
+async def set_webhook(settings: Settings, url: str) -> None:
+    if not settings.telegram_webhook_secret:
+        raise ConfigError("TELEGRAM_WEBHOOK_SECRET", "is required to register the webhook")
+    ptb = build_application(settings)
+    await ptb.initialize()
+    try:
+        await ptb.bot.set_webhook(url=url, secret_token=settings.telegram_webhook_secret.get(),
+                                  allowed_updates=ALLOWED_UPDATES)
+    finally:
+        await ptb.shutdown()
+
+
+def main_set_webhook(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        asyncio.run(set_webhook(settings, args.url))
+    except TelegramError as exc:
+        print(f"gateway telegram set-webhook: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"webhook set: {args.url}")
+    return 0

@@ -1,0 +1,109 @@
+"""``POST /v1/webhooks/{source}``: signed webhooks in, pipeline items out (DESIGN §6).
+
+Order of the checks, cheapest and least revealing first: unknown source (404, no store
+touched), blocked address (429), content type (415), body size (413, refused while reading,
+chunked or not), signature (401, counted by the brute-force barrier), body shape (400).
+Only then is anything written: the dedup claim ``dedup:webhook:<source>:<delivery id>`` and
+the ADD of item ``webhook:<source>:<delivery id>`` go out together (``gateway.dedup.intake``).
+So a refused request writes nothing but a failure count, and an accepted one is queued
+before the 202 leaves.
+
+``gateway sign`` (``main_sign``) prints the Standard Webhooks headers for a body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from aiohttp import web
+
+from gateway import keys
+from gateway.config import Settings
+from gateway.http import routes
+from gateway.http.errors import ApiError
+from gateway.inbound import signing
+from gateway.inbound.documents import parse_json_text, webhook_payload
+from gateway.inbound.http_intake import (
+    INBOUND,
+    Inbound,
+    install,
+    intake_answer,
+    read_body,
+    require_json,
+)
+from gateway.stores.runtime import Runtime
+
+
+def item_id_for(source: str, delivery_id: str) -> str:
+    """Item ids of webhooks are ``webhook:<source>:<delivery id>``: unique per sender and
+    delivery; ``POST /v1/jobs`` refuses job ids with this prefix, so the two cannot collide."""
+    return f"webhook:{source}:{delivery_id}"
+
+
+class Verified(NamedTuple):
+    source: str
+    delivery_id: str
+    payload: str  # the pipeline document, JSON-encoded
+
+
+async def _verify(request: web.Request, inbound: Inbound) -> Verified:
+    name = request.match_info["source"]
+    source = inbound.settings.webhook_sources.get(name)
+    if source is None:
+        raise ApiError(404, "unknown_source", f"no webhook source named {name!r} is configured")
+    ip = inbound.barrier.client_ip(request)
+    await inbound.barrier.check(ip)
+    require_json(request)
+    body = await read_body(request)
+    try:
+        delivery_id = signing.verify(source, request.headers, body)
+        text, value = parse_json_text(body)
+        payload = webhook_payload(name, delivery_id, text, value)
+    except signing.SignatureError as exc:
+        blocked_for = await inbound.barrier.record_failure(ip)
+        if blocked_for:
+            raise inbound.barrier.refusal(blocked_for) from None
+        raise ApiError(401, "bad_signature", str(exc)) from None
+    except signing.MalformedError as exc:
+        raise ApiError(400, "malformed", str(exc)) from None
+    return Verified(name, delivery_id, payload)
+
+
+async def receive(request: web.Request) -> web.Response:
+    inbound = request.app[INBOUND]
+    verified = await _verify(request, inbound)
+    item_id = item_id_for(verified.source, verified.delivery_id)
+    outcome = await inbound.intaker.submit(
+        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload)
+    return intake_answer(outcome, item_id)
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    install(app, runtime)
+    routes.post(app, "/v1/webhooks/{source}", receive)
+
+
+# --- gateway sign ----------------------------------------------------------------------------
+
+
+def _secret_key(secret: str) -> bytes:
+    body = secret.removeprefix("whsec_")
+    try:
+        return base64.b64decode(body, validate=True)
+    except ValueError:
+        raise SystemExit("gateway sign: --secret must be whsec_<base64>") from None
+
+
+def main_sign(args: argparse.Namespace, settings: Settings) -> int:
+    """Print ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` header lines."""
+    body = sys.stdin.buffer.read() if args.bodyfile == "-" else Path(args.bodyfile).read_bytes()
+    timestamp = int(time.time()) if args.timestamp is None else int(args.timestamp)
+    headers = signing.sign_standard(_secret_key(args.secret), args.msg_id, timestamp, body)
+    for name, value in headers.items():
+        print(f"{name}: {value}")
+    return 0

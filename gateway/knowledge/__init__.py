@@ -1,0 +1,1 @@
+"""What the pipeline computes and serves: embeddings and search over the chunks."""

@@ -1,0 +1,87 @@
+"""Search over embedded chunks, with answers cached in redis-cache.
+
+Cache key: ``cache:<endpoint_hash>:<params_hash>`` where the params hash covers the query,
+the limit and the current *generation*. Writes that add chunks replace the generation (one
+SET: O(1) invalidation, no SCAN+DEL), which makes every older answer unreachable. The
+generation is a random token, not a counter: if redis-cache evicts it, a fresh random one is
+drawn, so a lost generation only causes misses and can never resurrect an old answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Any
+
+from gateway import keys
+from gateway.knowledge import embedding
+from gateway.pipeline import metrics
+from gateway.stores.redis import AnyRedis
+
+ENDPOINT = "GET /v1/search"
+ANSWER_TTL = 900
+GENERATION_TTL = 7 * 24 * 3600
+MAX_LIMIT = 50
+MAX_QUERY = 500
+
+_ENDPOINT_HASH = hashlib.sha256(ENDPOINT.encode()).hexdigest()[:12]
+
+_RANK = """
+SELECT item_id, body,
+       (SELECT sum(a * b) FROM unnest(embedding, $1::float8[]) AS t(a, b)) AS score
+FROM pipeline_chunks WHERE embedding IS NOT NULL
+ORDER BY score DESC, item_id, seq LIMIT $2
+"""
+
+
+def generation_key() -> str:
+    return keys.cache(_ENDPOINT_HASH, "generation")
+
+
+def answer_key(generation: str, query: str, limit: int) -> str:
+    params = json.dumps([generation, query, limit], separators=(",", ":"))
+    return keys.cache(_ENDPOINT_HASH, hashlib.sha256(params.encode()).hexdigest()[:32])
+
+
+async def invalidate(cache: AnyRedis) -> None:
+    """New chunks are committed: move to a new generation (O(1))."""
+    await cache.set(generation_key(), secrets.token_hex(8), ex=GENERATION_TTL)
+
+
+async def _generation(cache: AnyRedis) -> str:
+    await cache.set(generation_key(), secrets.token_hex(8), ex=GENERATION_TTL, nx=True)
+    value = await cache.get(generation_key())
+    return str(value) if value else secrets.token_hex(8)
+
+
+async def rank(pg: Any, query: str, limit: int) -> list[dict[str, Any]]:
+    """Chunks by cosine similarity to the query (vectors are unit length: dot product)."""
+    vector = embedding.embed(query)
+    if not any(vector):
+        return []
+    rows = await pg.fetch(_RANK, vector, limit)
+    return [{"item_id": r["item_id"], "text": r["body"], "score": round(r["score"], 6)}
+            for r in rows if r["score"] and r["score"] > 0]
+
+
+async def search(runtime: Any, q: str, limit: int = 10) -> list[dict[str, Any]]:
+    """Ranked results for ``q``; answers are cached for 900 s per generation. A cache that
+    is down or full only costs the cached answer, never the search."""
+    cache = runtime.cache
+    try:
+        key = answer_key(await _generation(cache), q, limit)
+        cached = await cache.get(key)
+    except Exception:
+        key, cached = None, None
+    if cached is not None:
+        metrics.SEARCH_CACHE.labels("hit").inc()
+        return json.loads(cached)
+    metrics.SEARCH_CACHE.labels("miss").inc()
+    results = await rank(runtime.pg, q, limit)
+    if key is not None:
+        try:
+            await cache.set(key, json.dumps(results), ex=ANSWER_TTL)
+        except Exception:
+            pass
+    return results

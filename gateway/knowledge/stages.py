@@ -1,0 +1,97 @@
+"""The default stage handlers: store persists the document, chunk splits it, embed computes
+a vector per chunk, graph extracts links, mentions and tags as edges.
+
+Each runs inside the worker's transaction (``ctx.conn``) that also writes the journal row,
+so a stage's rows and its journal entry commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.knowledge import embedding, search
+from gateway.pipeline.handlers import Handler, PermanentError, StageContext
+
+CHUNK_CHARS = 800
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_LINK = re.compile(r"https?://[^\s<>\"')\]]+")
+_MENTION = re.compile(r"(?<![\w@])@([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})")
+_TAG = re.compile(r"(?<![\w#&])#([A-Za-z][A-Za-z0-9_-]{0,63})")
+
+
+async def store(ctx: StageContext) -> None:
+    """Persist the document (idempotent on item_id)."""
+    doc = ctx.document
+    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+        raise PermanentError("document needs a string field 'text'")
+    title, url = doc.get("title"), doc.get("url")
+    await ctx.conn.execute(
+        "INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body,"
+        " document) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT (item_id) DO NOTHING",
+        ctx.item_id, ctx.priority, ctx.doc_type, title if isinstance(title, str) else None,
+        url if isinstance(url, str) else None, doc["text"], doc)
+
+
+def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:
+    """Paragraphs packed up to ``limit`` characters; long paragraphs split at sentences,
+    then hard at ``limit``."""
+    pieces: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = " ".join(paragraph.split())
+        for sentence in _SENTENCE.split(paragraph) if len(paragraph) > limit else [paragraph]:
+            pieces += [sentence[i:i + limit] for i in range(0, len(sentence), limit)]
+    chunks: list[str] = []
+    for piece in filter(None, pieces):
+        if chunks and len(chunks[-1]) + 1 + len(piece) <= limit:
+            chunks[-1] += " " + piece
+        else:
+            chunks.append(piece)
+    return chunks
+
+
+async def _body(ctx: StageContext) -> str:
+    body = await ctx.conn.fetchval(
+        "SELECT body FROM pipeline_documents WHERE item_id = $1", ctx.item_id)
+    if body is None:
+        raise PermanentError("document not stored")
+    return str(body)
+
+
+async def chunk(ctx: StageContext) -> None:
+    """Split the stored document into chunks (replacing any from an earlier run)."""
+    parts = split_text(await _body(ctx))
+    await ctx.conn.execute("DELETE FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
+    await ctx.conn.executemany(
+        "INSERT INTO pipeline_chunks (item_id, seq, body) VALUES ($1, $2, $3)",
+        [(ctx.item_id, i, part) for i, part in enumerate(parts)])
+
+
+async def embed(ctx: StageContext) -> None:
+    """Hashed embedding of every chunk; new chunks change search answers, so the search cache
+    generation moves on after the commit."""
+    rows = await ctx.conn.fetch(
+        "SELECT seq, body FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
+    await ctx.conn.executemany(
+        "UPDATE pipeline_chunks SET embedding = $3 WHERE item_id = $1 AND seq = $2",
+        [(ctx.item_id, r["seq"], embedding.embed(r["body"])) for r in rows])
+    if rows:
+        cache = ctx.runtime.cache
+        ctx.after_commit.append(lambda: search.invalidate(cache))
+
+
+def extract_edges(text: str) -> set[tuple[str, str]]:
+    edges = {("link", m.rstrip(".,;:!?")) for m in _LINK.findall(text)}
+    edges |= {("mention", m.rstrip(".-").lower()) for m in _MENTION.findall(text)}
+    edges |= {("tag", m.lower()) for m in _TAG.findall(text)}
+    return edges
+
+
+async def graph(ctx: StageContext) -> None:
+    """Links, @mentions and #tags of the document as edges."""
+    edges = extract_edges(await _body(ctx))
+    await ctx.conn.executemany(
+        "INSERT INTO pipeline_edges (item_id, kind, target) VALUES ($1, $2, $3)"
+        " ON CONFLICT DO NOTHING", [(ctx.item_id, kind, target) for kind, target in edges])
+
+
+DEFAULTS: dict[str, Handler] = {"store": store, "chunk": chunk, "embed": embed, "graph": graph}

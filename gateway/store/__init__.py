@@ -1,1 +1,0 @@
-"""PostgreSQL: the system of record (conversations, feed, run journal, documents)."""

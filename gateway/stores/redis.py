@@ -1,0 +1,63 @@
+"""Clients for the two Redis instances, from ``redis://``, ``rediss://``, ``unix://``,
+``redis+cluster://`` / ``rediss+cluster://`` and ``redis+sentinel://`` / ``rediss+sentinel://``
+URLs (user, password and TLS taken from the URL; sentinel details in redis_sentinel.py).
+
+One client per instance per process, shared by everything: redis-py's pool multiplexes the
+concurrent callers. RESP2 is used on purpose: redis-py 8 spends measurably more CPU per
+command on RESP3 (shared/notes/baselines.md) and the gateway needs nothing RESP3 gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.config import ConfigError
+from gateway.stores.cluster import GatewayCluster
+
+AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
+
+_COMMON: dict[str, Any] = {
+    "decode_responses": True,
+    "protocol": 2,
+    "socket_connect_timeout": 5.0,
+    "health_check_interval": 30,
+}
+
+
+def _retry() -> Retry:
+    # Only connection errors are retried: a timed-out script may already have run, and every
+    # script is fenced or idempotent, but blind retries of a timeout would hide overload.
+    # The asyncio Retry, not redis.retry.Retry: the synchronous one returns the coroutine
+    # unawaited from inside its loop, so an async client given it never retries at all.
+    return Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3,
+                 supported_errors=(RedisConnectionError,))
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0].endswith("+cluster")
+
+
+def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
+    """A lazily-connecting client; nothing is contacted until the first command."""
+    scheme = url.split("://", 1)[0]
+    if scheme.endswith("+sentinel"):
+        from gateway.stores.sentinel import connect_sentinel
+
+        return connect_sentinel(url, variable=variable, retry=_retry(),
+                                retry_on_error=[RedisConnectionError],
+                                max_connections=max_connections, **_COMMON)
+    if is_cluster_url(url):
+        plain = url.replace("+cluster", "", 1)
+        return GatewayCluster.from_url(plain, retry=_retry(), **_COMMON)
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(variable, f"unsupported Redis URL scheme {scheme!r}")
+    return aioredis.from_url(
+        url, retry=_retry(), retry_on_error=[RedisConnectionError],
+        max_connections=max_connections, **_COMMON,
+    )

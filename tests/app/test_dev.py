@@ -1,0 +1,131 @@
+"""`gateway dev` on a machine with nothing configured: ready within 30 s, Ctrl-C leaves no
+process behind, and a second run reuses the data (AOF and database survive)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.stores.embedded import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _env(port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GATEWAY_", "TELEGRAM_", "SLACK_", "MATTERMOST_"))}
+    env["GATEWAY_PORT"] = str(port)
+    return env
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _processes_using(path: Path) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(path) in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def _run_dev(workdir: Path, port: int) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "dev"], cwd=workdir,
+                            env=_env(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    while not _ready(url):
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway dev exited {proc.returncode}: {proc.stdout.read()}")  # type: ignore[union-attr]
+        assert time.monotonic() - started < 30, "gateway dev not ready within 30 s"
+        time.sleep(0.1)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 130), out
+    return out
+
+
+def _durable(root: Path) -> redis.Redis:
+    secrets = json.loads((root / "secrets.json").read_text())
+    return redis.Redis(unix_socket_path=str(root / "durable.sock"),
+                       password=secrets["durable_password"], decode_responses=True)
+
+
+def _installation_id(root: Path) -> str:
+    port = (root / "postgres" / "data" / "postmaster.pid").read_text().splitlines()[3]
+    result = subprocess.run(
+        [sys.executable, "-c",
+         "import asyncio, asyncpg, sys\n"
+         "async def m():\n"
+         f"    c = await asyncpg.connect('postgresql://postgres@127.0.0.1:{port}/postgres')\n"
+         "    print(await c.fetchval('SELECT instance_id FROM gateway_installation'))\n"
+         "asyncio.run(m())"], capture_output=True, text=True, check=True, timeout=30)
+    return result.stdout.strip()
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Not under pytest's basetemp: pytest resets its root to mode 0700 whenever a session
+    # starts, which would lock the unprivileged PostgreSQL user out mid-test.
+    path = Path(tempfile.mkdtemp(prefix="gwdev-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_dev_starts_stops_clean_and_reuses_data(workdir: Path) -> None:
+    tmp_path = workdir
+    root = tmp_path / ".gateway"
+    proc, _url = _run_dev(tmp_path, free_port())
+    try:
+        client = _durable(root)
+        client.set("q:{pipeline}:dev-test-marker", "kept")
+        client.close()
+        installation = _installation_id(root)
+    finally:
+        out = _stop(proc)
+    assert "serving on" in out
+    assert re.search(r"GATEWAY_DATABASE_URL=postgresql://", out)
+    assert not any(s in out for s in json.loads((root / "secrets.json").read_text()).values())
+    deadline = time.monotonic() + 10
+    while _processes_using(root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_using(root) == []
+
+    proc, _url = _run_dev(tmp_path, free_port())
+    try:
+        client = _durable(root)
+        assert client.get("q:{pipeline}:dev-test-marker") == "kept"
+        client.close()
+        assert _installation_id(root) == installation
+    finally:
+        _stop(proc)
+    assert _processes_using(root) == []
