@@ -31,7 +31,6 @@ from typing import Any
 
 from gateway.app.worker import run_workers
 from gateway.config import Settings
-from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import STAGES, stats_key
 from gateway.pipeline.worker import WorkerConfig
@@ -39,6 +38,7 @@ from gateway.stores import embedded
 from gateway.stores import redis as redis_clients
 from gateway.stores.migrate import migrate_url
 from gateway.stores.runtime import open_runtime
+from tests.pipeline.helpers import queue_add
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".gateway" / "bench-peers"
@@ -68,7 +68,7 @@ async def _enqueue_all(durable: Any, n: int) -> None:
     for start in range(0, n, 500):
         async with durable.pipeline(transaction=False) as pipe:
             for i in range(start, min(n, start + 500)):
-                await queue.queue_add(pipe, f"item-{i}", {"text": f"document {i}"})
+                await queue_add(pipe, f"item-{i}", {"text": f"document {i}"})
             await pipe.execute()
 
 
@@ -170,7 +170,7 @@ async def _enqueue_all_doc(client: Any, first: int, end: int, document: dict[str
     for start in range(first, end, 500):
         async with client.pipeline(transaction=False) as pipe:
             for i in range(start, min(end, start + 500)):
-                await queue.queue_add(pipe, f"item-{i:08d}", document)
+                await queue_add(pipe, f"item-{i:08d}", document)
             await pipe.execute()
 
 

@@ -36,11 +36,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import ingest
-from gateway.pipeline import queue
 from gateway.pipeline.stages import stats_key
 from gateway.stores import embedded
 from gateway.stores import redis as redis_clients
 from gateway.stores.migrate import migrate_url
+from tests.pipeline.helpers import queue_add
 from tests.topology import LocalCluster
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -185,7 +185,7 @@ async def _enqueue_and_wait(stores: Stores, items: int,
         for first in range(0, items, 500):
             async with durable.pipeline(transaction=False) as pipe:
                 for i in range(first, min(items, first + 500)):
-                    await queue.queue_add(pipe, f"{tag}-{i}", {
+                    await queue_add(pipe, f"{tag}-{i}", {
                         "text": f"Document {i}: see https://docs.test/{i} #scale @bench "
                                 + "lorem ipsum " * 20})
                 await pipe.execute()

@@ -1,4 +1,4 @@
-"""``gateway`` command line (DESIGN §6). Subcommands live with the code they drive and are
+"""``gateway`` command line. Subcommands live with the code they drive and are
 imported only when used, so ``gateway keys`` does not pay for importing the bot libraries."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gateway import keys
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import ConfigError, Secret, Settings, load_settings
+from gateway.pipeline.stages import STAGES
 
-STAGES = ("store", "chunk", "embed", "graph")
 # subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
 TARGETS: dict[str, str] = {
     "dev": "gateway.app.dev:main",
@@ -118,13 +118,7 @@ def _resolve(command: str) -> Callable[[argparse.Namespace, Settings], int]:
     if command in LOCAL:
         return LOCAL[command]
     module_name, _, function = TARGETS[command].partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("gateway"):
-            raise SystemExit(f"gateway {command}: not available in this build") from None
-        raise
-    return getattr(module, function)
+    return getattr(importlib.import_module(module_name), function)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,8 +137,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _secret_values(settings: Settings) -> list[str]:
-    from gateway.config import Secret
-
     values = [v.get() for v in vars(settings).values() if isinstance(v, Secret)]
     values += [src.secret.get() for src in settings.webhook_sources.values()]
     for url in (settings.durable_url, settings.cache_url, settings.database_url):

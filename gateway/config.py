@@ -1,4 +1,4 @@
-"""Settings from the environment (DESIGN §6), optionally layered over a TOML file.
+"""Settings from the environment, optionally layered over a TOML file.
 
 Validation happens once, at start-up: a wrong value raises ``ConfigError`` naming the variable,
 and the CLI turns that into one line on stderr. Secret values are wrapped in ``Secret`` so that
@@ -224,7 +224,6 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _parse_seconds),
 }
 ENV_VARIABLES = tuple(_ENV)
-_FIELD_TO_ENV = {fieldname: env for env, (fieldname, _) in _ENV.items()}
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
@@ -313,11 +312,6 @@ def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],
             raise ConfigError(f"{label}.{name}", "must be positive")
         values[name] = value
     return values
-
-
-def env_name(fieldname: str) -> str:
-    """The variable that sets a settings field, for error messages of later checks."""
-    return _FIELD_TO_ENV.get(fieldname, fieldname)
 
 
 def redact_url(url: str | None) -> str:

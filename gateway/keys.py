@@ -1,4 +1,4 @@
-"""The key registry (DESIGN §2): every Redis key and channel the gateway uses, and the only
+"""The key registry: every Redis key and channel the gateway uses, and the only
 place that builds them.
 
 A key that matches no row here is a bug; ``tests/test_keys.py`` scans both instances after a
@@ -28,7 +28,7 @@ class Row:
 
     @property
     def must_expire(self) -> bool:
-        """Every key in redis-cache carries a TTL (DESIGN §1); so do dedup claims and leases."""
+        """Every key in redis-cache carries a TTL; so do dedup claims and leases."""
         return self.kind == "key" and (
             self.instance == "cache" or self.namespace.startswith(("dedup:", "lock:", "brute:"))
         )
@@ -37,11 +37,11 @@ class Row:
 REGISTRY: tuple[Row, ...] = (
     Row("q:", "pipeline queues, leases, delayed retries, dead letters, payloads, stats",
         "durable", "until completion", "pipeline"),
-    Row("rl:", "rate-limit state (GCRA theoretical arrival time, concurrency slots)",
+    Row("rl:", "rate-limit state (sliding-window logs and their totals, concurrency slots)",
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
-    Row("lock:", "single-holder leases with fencing token (listener, maintenance)",
+    Row("lock:", "single-holder leases with fencing token (the Mattermost listener)",
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
         "durable", "24 h (GATEWAY_DEDUP_TTL)", "webhooks"),

@@ -1,4 +1,4 @@
-"""Admin bearer-token check for ``/v1/admin/...`` (DESIGN §6), reusable by any component.
+"""Admin bearer-token check for ``/v1/admin/...``, reusable by any component.
 
 The comparison is constant-time over SHA-256 digests, so neither the token's content nor its
 length leaks through timing. Without ``GATEWAY_ADMIN_TOKEN`` the admin API is closed.

@@ -29,7 +29,7 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 
 async def preflight(settings: Settings) -> bool:
-    """DESIGN §1: refuse to serve when the topology check fails."""
+    """Refuse to serve when the topology check fails (a durable instance that can evict)."""
     checks = await doctor.run_checks(settings)
     for check in checks:
         if check.status != "ok":

@@ -212,7 +212,7 @@ async def handle_incoming(runtime: Runtime, incoming: Incoming, send: Send) -> N
     """Handle one inbound message and deliver the reply through ``send``.
 
     ``send(text)`` must make ONE platform call and raise on failure: this function applies
-    the platform rate limits of DESIGN §5 before each call, retries a 429 after its
+    the platform rate limits before each call, retries a 429 after its
     Retry-After (raise ``gateway.outbound.errors.RetryLater`` or let the platform error
     through), retries other errors with backoff and dead-letters the reply in the
     ``undelivered_replies`` table after the last attempt. It returns once the reply is

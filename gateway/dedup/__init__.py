@@ -1,1 +1,1 @@
-"""Dedup claims (DESIGN §2): one delivery, one processing, one answer."""
+"""Dedup claims: one delivery, one processing, one answer."""

@@ -1,4 +1,4 @@
-"""Dedup as a claim, not a mark (DESIGN §2).
+"""Dedup as a claim, not a mark.
 
 ``SET key in-progress NX EX ttl`` claims an inbound event. The owner of the claim then either
 marks it ``done`` (the side effect happened) or releases it (processing failed before the side

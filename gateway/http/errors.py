@@ -1,4 +1,4 @@
-"""JSON errors ``{"error": code, "detail": text}`` for every 4xx/5xx answer (DESIGN §6)."""
+"""JSON errors ``{"error": code, "detail": text}`` for every 4xx/5xx answer."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def backpressure(detail: str) -> ApiError:
 
 
 def store_error(exc: Exception) -> ApiError | None:
-    """Map a Redis failure to the answer DESIGN §1 prescribes, or None if it is not one."""
+    """Map a Redis failure to its answer (503 + Retry-After), or None if it is not one."""
     # redis-py strips the "OOM" prefix when it raises OutOfMemoryError.
     if isinstance(exc, OutOfMemoryError) or (
             isinstance(exc, ResponseError) and str(exc).startswith("OOM")):
@@ -59,6 +59,3 @@ def store_error(exc: Exception) -> ApiError | None:
                         {"Retry-After": str(RETRY_AFTER_SECONDS)})
     return None
 
-
-def is_store_outage(exc: BaseException) -> bool:
-    return isinstance(exc, Exception) and store_error(exc) is not None

@@ -1,4 +1,4 @@
-"""How a verified webhook body becomes a pipeline document (DESIGN §6).
+"""How a verified webhook body becomes a pipeline document.
 
 The pipeline wants ``{"text", "title"?, "url"?}``. A webhook body is whatever JSON the sender
 chose, so it is kept whole under ``body`` (nothing the sender said is lost) and the three

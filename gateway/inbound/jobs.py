@@ -20,8 +20,8 @@ from gateway.http.state import RUNTIME
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import INBOUND, install, intake_answer, read_body, require_json
 from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
-from gateway.pipeline.queue import job_status
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
+from gateway.pipeline.status import job_status
 from gateway.stores.runtime import Runtime
 
 # Webhook items are "webhook:<source>:<id>"; a job_id may not impersonate one.

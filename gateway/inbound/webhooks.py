@@ -1,4 +1,4 @@
-"""``POST /v1/webhooks/{source}``: signed webhooks in, pipeline items out (DESIGN §6).
+"""``POST /v1/webhooks/{source}``: signed webhooks in, pipeline items out.
 
 Order of the checks, cheapest and least revealing first: unknown source (404, no store
 touched), blocked address (429), content type (415), body size (413, refused while reading,

@@ -1,4 +1,4 @@
-"""Single-holder leases with fencing tokens in ``lock:`` on redis-durable (DESIGN §1: no Redlock).
+"""Single-holder leases with fencing tokens in ``lock:`` on redis-durable (no Redlock).
 
 A lease is a hash ``lock:{name}`` = ``{holder, token}`` with a TTL. Acquiring a free lease
 increments a counter ``lock:{name}:fence`` (same hash tag, so the scripts run on Redis Cluster)
@@ -29,7 +29,7 @@ _RENEW = (_DIR / "renew.lua").read_text()
 _RELEASE = (_DIR / "release.lua").read_text()
 
 # The fencing counter outlives any lease by far; it only has a TTL because every `lock:` key
-# must expire (DESIGN §2). After a week without any holder, restarting the count is harmless.
+# must expire (key registry). After a week without any holder, restarting the count is harmless.
 FENCE_TTL_MS = 7 * 24 * 3600 * 1000
 
 

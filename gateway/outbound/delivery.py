@@ -57,7 +57,7 @@ class RetryPolicy:
 
 def limit_names(incoming: Destination,
                 table: Mapping[str, Mapping[str, Rate]]) -> list[tuple[str, Rate]]:
-    """The limiter buckets one reply to this chat passes, per DESIGN §5."""
+    """The limiter buckets one reply to this chat passes (per bot, group, chat or channel)."""
     scopes = table.get(incoming.platform, {})
     names: list[tuple[str, Rate]] = []
     for scope, rate in scopes.items():

@@ -1,1 +1,1 @@
-"""The four-stage priority pipeline on redis-durable (DESIGN §3)."""
+"""The four-stage priority pipeline on redis-durable."""

@@ -1,8 +1,8 @@
 """Enqueue into the pipeline and act on leases: thin typed wrappers over the Lua scripts.
 
 Everything that changes queue state is one script call, so every transition is atomic and
-takes its time from Redis. Other components use ``enqueue`` / ``queue_add`` (ADD inside a
-caller's pipeline, e.g. together with a dedup claim) and ``job_status``.
+takes its time from Redis. ``add_call`` builds one ADD's keys and arguments, for callers that
+send it with other commands in one round trip (the dedup intake's claim-and-enqueue).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
-    lease_key,
+    inflight_key,
     meta_key,
     next_stage,
     ready_class_key,
@@ -52,7 +52,7 @@ class LeaseResult(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class Lease:
+class LeasedItem:
     item_id: str
     stage: str
     token: str
@@ -109,17 +109,6 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
     return keys, args
 
 
-async def queue_add(pipe: Any, item_id: str, document: dict[str, Any], *,
-                    priority: str = "normal", doc_type: str = "other") -> None:
-    """Queue ADD onto a ``redis.asyncio`` pipeline; its result is 1 (new) or 0 (duplicate).
-
-    redis-py makes sure the script exists (``SCRIPT EXISTS``/``LOAD``) before the pipeline
-    executes, so this survives a ``SCRIPT FLUSH`` or a restart.
-    """
-    keys, args = add_call(item_id, document, priority, doc_type)
-    await scripts_for(pipe).add(keys=keys, args=args, client=pipe)
-
-
 async def enqueue(durable: AnyRedis, item_id: str, document: dict[str, Any], *,
                   priority: str = "normal", doc_type: str = "other") -> bool:
     """ADD into the store stage: True if newly enqueued, False if seen within 7 days."""
@@ -143,14 +132,14 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
 
 def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
                count: int = 1) -> tuple[list[str], list[str]]:
-    keys = [delayed_key(stage), lease_key(stage), deadline_key(stage), meta_key(),
+    keys = [delayed_key(stage), inflight_key(stage), deadline_key(stage), meta_key(),
             *ready_keys(stage)]
     return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count),
                   stage]
 
 
 async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
-                     count: int) -> list[Lease]:
+                     count: int) -> list[LeasedItem]:
     """Pop up to ``count`` best items of ``stage`` under one fresh fencing token.
 
     A FETCH retried after a lost reply may pop items under a token nobody knows; they are
@@ -164,13 +153,13 @@ async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
     leases = []
     for i in range(0, len(reply), 7):
         item, started, payload, base, bonus, failures, reclaims = reply[i:i + 7]
-        leases.append(Lease(item, stage, token, worker, int(started),
+        leases.append(LeasedItem(item, stage, token, worker, int(started),
                             json.loads(payload) if payload else None,
                             float(base), float(bonus), int(failures), int(reclaims)))
     return leases
 
 
-async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Lease | None:
+async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> LeasedItem | None:
     """Pop the best item of ``stage`` under a fresh fencing token, or None when empty."""
     leases = await fetch_many(durable, stage, worker, lease_ms, 1)
     return leases[0] if leases else None
@@ -178,10 +167,10 @@ async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Le
 
 def heartbeat_call(stage: str, item_id: str, token: str,
                    lease_ms: int) -> tuple[list[str], list[str]]:
-    return [lease_key(stage), deadline_key(stage)], [item_id, token, str(lease_ms)]
+    return [inflight_key(stage), deadline_key(stage)], [item_id, token, str(lease_ms)]
 
 
-async def heartbeat(durable: AnyRedis, lease: Lease, lease_ms: int) -> LeaseResult:
+async def heartbeat(durable: AnyRedis, lease: LeasedItem, lease_ms: int) -> LeaseResult:
     keys, args = heartbeat_call(lease.stage, lease.item_id, lease.token, lease_ms)
     reply = await scripts_for(durable).heartbeat(keys=keys, args=args)
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
@@ -193,7 +182,7 @@ def complete_call(stage: str, item_id: str, token: str,
     class list of the next stage is passed (fewer keys per call on the hot path); without
     it, all of them (the script finds the class by the key's suffix either way)."""
     after = next_stage(stage)
-    keys = [lease_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
+    keys = [inflight_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
     if after:
         keys.append(stats_key(after))
         keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
@@ -201,19 +190,19 @@ def complete_call(stage: str, item_id: str, token: str,
     return keys, args
 
 
-def _complete_lease(lease: Lease) -> tuple[list[str], list[str]]:
+def _complete_lease(lease: LeasedItem) -> tuple[list[str], list[str]]:
     # While the lease is held nothing else changes the item's base or bonus (RECLAIM does,
     # but only after taking the lease away, and then COMPLETE refuses before pushing).
     return complete_call(lease.stage, lease.item_id, lease.token,
                          int(lease.base - lease.bonus))
 
 
-async def complete(durable: AnyRedis, lease: Lease) -> LeaseResult:
+async def complete(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
     """Acknowledge the stage; the item moves to the next one (graph is final)."""
     return (await complete_many(durable, [lease]))[0]
 
 
-async def complete_many(durable: AnyRedis, leases: list[Lease]) -> list[LeaseResult]:
+async def complete_many(durable: AnyRedis, leases: list[LeasedItem]) -> list[LeaseResult]:
     """COMPLETE several leases in one round trip (one script call each, in a pipeline)."""
     if len(leases) == 1:
         keys, args = _complete_lease(leases[0])
@@ -227,11 +216,11 @@ async def complete_many(durable: AnyRedis, leases: list[Lease]) -> list[LeaseRes
     return [LeaseResult(int(r)) for r in replies]
 
 
-async def release(durable: AnyRedis, lease: Lease) -> LeaseResult:
+async def release(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
     """Give the item back untouched (graceful shutdown): nothing is counted against it."""
     stage = lease.stage
     reply = await scripts_for(durable).release(
-        keys=[lease_key(stage), deadline_key(stage), meta_key(), *ready_keys(stage)],
+        keys=[inflight_key(stage), deadline_key(stage), meta_key(), *ready_keys(stage)],
         args=[lease.item_id, lease.token, str(EPOCH_MS)])
     return LeaseResult(int(reply))
 
@@ -246,13 +235,13 @@ class FailOutcome:
 def fail_call(stage: str, item_id: str, token: str, reason: str, *, max_failures: int,
               backoff_ms: int, backoff_cap_ms: int,
               jitter: float) -> tuple[list[str], list[str]]:
-    keys = [lease_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
+    keys = [inflight_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
             meta_key(), stats_key(stage)]
     return keys, [item_id, token, str(max_failures), str(backoff_ms), str(backoff_cap_ms),
                   repr(jitter), reason[:500]]
 
 
-async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: int,
+async def fail(durable: AnyRedis, lease: LeasedItem, reason: str, *, max_failures: int,
                backoff_ms: int = 1000, backoff_cap_ms: int = 300_000) -> FailOutcome:
     """Retry after exponential backoff with jitter, or dead-letter after ``max_failures``."""
     keys, args = fail_call(lease.stage, lease.item_id, lease.token, reason,
@@ -268,7 +257,7 @@ async def fail(durable: AnyRedis, lease: Lease, reason: str, *, max_failures: in
 
 def reclaim_call(stage: str, *, max_reclaims: int,
                  batch: int) -> tuple[list[str], list[str]]:
-    keys = [lease_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
+    keys = [inflight_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
             stats_key(stage), *ready_keys(stage)]
     return keys, [str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)]
 
@@ -301,8 +290,19 @@ async def reclaim_all(durable: AnyRedis, *, max_reclaims: int, batch: int = 100,
     return totals
 
 
-__all__ = ["Lease", "LeaseResult", "add_call", "complete", "complete_many", "enqueue",
-           "enqueue_at", "fail", "fetch", "fetch_many", "heartbeat", "job_status", "queue_add",
-           "reclaim", "reclaim_all", "release"]
-
-from gateway.pipeline.status import job_status  # noqa: E402  (re-exported for callers)
+__all__ = [
+    "LeaseResult",
+    "LeasedItem",
+    "add_call",
+    "complete",
+    "complete_many",
+    "enqueue",
+    "enqueue_at",
+    "fail",
+    "fetch",
+    "fetch_many",
+    "heartbeat",
+    "reclaim",
+    "reclaim_all",
+    "release",
+]

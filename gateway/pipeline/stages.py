@@ -8,7 +8,7 @@ from collections.abc import Callable
 from gateway import keys
 
 STAGES: tuple[str, ...] = ("store", "chunk", "embed", "graph")
-# DESIGN §3: lower score pops first.
+# Lower score pops first.
 PRIORITY_BASE = {"critical": 10, "high": 50, "normal": 100}
 RECLAIM_BASE = 10
 TYPE_BONUS = {"api_docs": 5, "code": 3, "other": 0}
@@ -82,7 +82,7 @@ def ready_keys(stage: str) -> tuple[str, ...]:
     return tuple(ready_class_key(stage, cls) for cls in CLASSES)
 
 
-lease_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")
+inflight_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")
 deadline_key = _per_stage("deadline", "ZSET item -> lease deadline ms (RECLAIM's index).")
 delayed_key = _per_stage("delayed", "ZSET item -> ms when a retry becomes due.")
 dead_key = _per_stage("dead", "LIST of dead-letter JSON entries.")

@@ -1,4 +1,4 @@
-"""Read-only views: one item's status (DESIGN §6 ``GET /v1/jobs/{id}``) and queue depths."""
+"""Read-only views: one item's status (``GET /v1/jobs/{id}``) and queue depths."""
 
 from __future__ import annotations
 

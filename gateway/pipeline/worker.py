@@ -140,7 +140,7 @@ class StageWorker:
                 # returns them; a journaled stage is then acknowledged without a rerun.
                 log.warning("%s: %d item(s) left to RECLAIM: %s", self.stage, len(leases), exc)
 
-    async def process(self, leases: list[queue.Lease],
+    async def process(self, leases: list[queue.LeasedItem],
                       stop: asyncio.Event | None = None) -> None:
         """Handle leased items to their end: completed, failed, or released on shutdown."""
         work = asyncio.create_task(self._run(leases))
@@ -176,7 +176,7 @@ class StageWorker:
             await self._release(outage)
             raise StoreOutage(f"PostgreSQL unreachable: {errors[outage[0].item_id]}")
 
-    async def _run(self, leases: list[queue.Lease]) -> tuple[
+    async def _run(self, leases: list[queue.LeasedItem]) -> tuple[
             dict[str, BaseException], list[feed.FeedRow], list[Any]]:
         """The whole batch in one transaction; if any handler fails, the batch is rolled
         back and redone one item per transaction, so one bad item holds back no other."""
@@ -200,7 +200,7 @@ class StageWorker:
             callbacks += one_callbacks
         return errors, rows, callbacks
 
-    async def _transaction(self, leases: list[queue.Lease]) -> tuple[
+    async def _transaction(self, leases: list[queue.LeasedItem]) -> tuple[
             list[feed.FeedRow], list[Any]]:
         names = [(_PRIORITY_NAME.get(int(lease.base), "normal"),
                   _TYPE_NAME.get(int(lease.bonus), "other")) for lease in leases]
@@ -245,7 +245,7 @@ class StageWorker:
         except Exception as exc:
             log.warning("%s: %d feed signal(s) not sent: %s", self.stage, len(rows), exc)
 
-    async def _complete(self, leases: list[queue.Lease]) -> None:
+    async def _complete(self, leases: list[queue.LeasedItem]) -> None:
         if not leases:
             return
         results = await queue.complete_many(self.runtime.durable, leases)
@@ -261,7 +261,7 @@ class StageWorker:
         if after and ok:
             metrics.ENQUEUED.labels(after).inc(ok)
 
-    async def _heartbeat(self, leases: list[queue.Lease], work: asyncio.Task[Any]) -> None:
+    async def _heartbeat(self, leases: list[queue.LeasedItem], work: asyncio.Task[Any]) -> None:
         """Extend the leases every heartbeat; when every lease is lost, stop the work."""
         held = list(leases)
         while held:
@@ -290,12 +290,12 @@ class StageWorker:
         await asyncio.sleep(self.config.shutdown_grace)
         work.cancel()
 
-    async def _release(self, leases: list[queue.Lease]) -> None:
+    async def _release(self, leases: list[queue.LeasedItem]) -> None:
         for lease in leases:
             with contextlib.suppress(Exception):
                 await queue.release(self.runtime.durable, lease)
 
-    async def _fail(self, lease: queue.Lease, exc: BaseException) -> None:
+    async def _fail(self, lease: queue.LeasedItem, exc: BaseException) -> None:
         if isinstance(exc, HandlerFailed):
             exc = exc.cause
         dead = isinstance(exc, PermanentError)

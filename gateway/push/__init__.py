@@ -1,1 +1,1 @@
-"""Durable feed in PostgreSQL plus push: signals on redis-cache (DESIGN §4)."""
+"""Durable feed in PostgreSQL plus push: signals on redis-cache."""

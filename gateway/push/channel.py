@@ -1,4 +1,4 @@
-"""The one module that talks Redis pub/sub for push signals (DESIGN §4).
+"""The one module that talks Redis pub/sub for push signals.
 
 Keeping PUBLISH (and, later, SUBSCRIBE) here means sharded pub/sub (SPUBLISH/SSUBSCRIBE on
 Redis Cluster) can replace them in one place.

@@ -1,4 +1,4 @@
-"""The durable feed (DESIGN §4, §6): append rows inside the writer's transaction, signal them
+"""The durable feed: append rows inside the writer's transaction, signal them
 after the commit, read them back by offset.
 
 Offsets are allocated by a per-topic counter row (``feed_topics``) that the append

@@ -45,7 +45,7 @@ class FeedRow:
     created_at: datetime
 
     def to_json(self) -> dict[str, Any]:
-        """The wire form of DESIGN §6."""
+        """The wire form: ``{topic, offset, epoch, kind, payload, created_at}``."""
         return {"topic": self.topic, "offset": self.offset, "epoch": self.epoch,
                 "kind": self.kind, "payload": self.payload,
                 "created_at": self.created_at.isoformat()}

@@ -1,4 +1,4 @@
-"""``GET /v1/stream``: Server-Sent Events over the hub (DESIGN §4, §6).
+"""``GET /v1/stream``: Server-Sent Events over the hub.
 
 Order of a (re)connection: subscribe at the hub first, then read the feed after the client's
 cursor, then merge what the hub offers, dropping every row at or below the offset already

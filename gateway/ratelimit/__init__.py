@@ -1,4 +1,4 @@
-"""Shared rate limits in ``rl:`` (DESIGN §5): ``Limiter`` (sliding window and concurrency
+"""Shared rate limits in ``rl:``: ``Limiter`` (sliding window and concurrency
 slots on Redis time), the platform limits every outbound message passes, and ``Providers``,
 the budget handlers use when they call model providers."""
 

@@ -1,4 +1,4 @@
-"""The ``rl:`` limiter (DESIGN §5): a sliding-window log and concurrency slots, in Lua on
+"""The ``rl:`` limiter: a sliding-window log and concurrency slots, in Lua on
 Redis time, shared by every process and replica that talks to redis-durable.
 
 Why a sliding-window log and not a fixed INCR+EXPIRE window: a fixed window lets twice the

@@ -1,4 +1,4 @@
-"""Default limits (DESIGN §5) and their configuration.
+"""Default limits and their configuration.
 
 Platform limits apply to every outbound bot message; provider limits are for handlers that
 call model providers. Both can be overridden in the TOML file::

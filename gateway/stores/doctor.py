@@ -1,4 +1,4 @@
-"""Topology checks (DESIGN §1): is the durable instance really durable and non-evicting, does
+"""Topology checks: is the durable instance really durable and non-evicting, does
 the cache evict, are they two processes, is PostgreSQL reachable and its schema current?
 
 ``gateway doctor`` prints these; ``gateway serve`` runs them and refuses to start on a fail.

@@ -1,10 +1,10 @@
 """Clients for the two Redis instances, from ``redis://``, ``rediss://``, ``unix://``,
 ``redis+cluster://`` / ``rediss+cluster://`` and ``redis+sentinel://`` / ``rediss+sentinel://``
-URLs (user, password and TLS taken from the URL; sentinel details in redis_sentinel.py).
+URLs (user, password and TLS taken from the URL; sentinel details in sentinel.py).
 
 One client per instance per process, shared by everything: redis-py's pool multiplexes the
 concurrent callers. RESP2 is used on purpose: redis-py 8 spends measurably more CPU per
-command on RESP3 (shared/notes/baselines.md) and the gateway needs nothing RESP3 gives.
+command on RESP3 (measured on redis-py 8) and the gateway needs nothing RESP3 gives.
 """
 
 from __future__ import annotations

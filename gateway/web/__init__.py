@@ -1,1 +1,1 @@
-"""The aiohttp application: one app, every HTTP route of DESIGN §6."""
+"""The aiohttp application: one app, every HTTP route."""

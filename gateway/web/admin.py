@@ -1,4 +1,4 @@
-"""Admin HTTP routes of the pipeline (DESIGN §6), behind the admin bearer token."""
+"""Admin HTTP routes of the pipeline, behind the admin bearer token."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``GET /v1/search?q=&limit=`` (DESIGN §6): ranked chunks, answers cached in redis-cache."""
+"""``GET /v1/search?q=&limit=``: ranked chunks, answers cached in redis-cache."""
 
 from __future__ import annotations
 

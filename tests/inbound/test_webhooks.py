@@ -1,4 +1,4 @@
-"""POST /v1/webhooks/{source} on real servers: every answer of DESIGN §6, dedup, replay."""
+"""POST /v1/webhooks/{source} on real servers: every documented answer, dedup, replay."""
 
 from __future__ import annotations
 

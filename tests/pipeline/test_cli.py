@@ -9,7 +9,7 @@ import sys
 
 from gateway.pipeline import queue
 from gateway.pipeline.stages import dead_key, legacy_ready_key, ready_keys
-from gateway.pipeline.status import ready_items
+from gateway.pipeline.status import job_status, ready_items
 
 
 async def _gateway(servers, *args: str, config: str | None = None) -> tuple[int, str]:
@@ -56,15 +56,15 @@ async def test_recover_command_reports_and_requeues(runtime, servers):
         " ('done', 'store', 'w', 'normal', 'other'), ('done', 'chunk', 'w', 'normal', 'other'),"
         " ('done', 'embed', 'w', 'normal', 'other'), ('done', 'graph', 'w', 'normal', 'other')")
     # Journaled but absent from Redis: reported where recover will put it back.
-    assert await queue.job_status(runtime, "x") == {"item_id": "x", "state": "running", "stages": {
+    assert await job_status(runtime, "x") == {"item_id": "x", "state": "running", "stages": {
         "store": "done", "chunk": "done", "embed": "queued", "graph": "pending"}}
-    assert (await queue.job_status(runtime, "done"))["state"] == "done"
-    assert await queue.job_status(runtime, "never") is None
+    assert (await job_status(runtime, "done"))["state"] == "done"
+    assert await job_status(runtime, "never") is None
     code, out = await _gateway(servers, "recover")
     assert code == 0 and "1 re-enqueued" in out
     lease = await queue.fetch(runtime.durable, "embed", "w", 60_000)
     assert lease is not None and lease.item_id == "x" and (lease.base, lease.bonus) == (50, 3)
-    assert (await queue.job_status(runtime, "x"))["stages"] == {
+    assert (await job_status(runtime, "x"))["stages"] == {
         "store": "done", "chunk": "done", "embed": "running", "graph": "pending"}
 
 

@@ -9,7 +9,7 @@ from gateway.knowledge.stages import chunk, embed, store
 from gateway.pipeline import deadletter, queue
 from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import dead_key, meta_key
-from gateway.pipeline.status import ready_items
+from gateway.pipeline.status import job_status, ready_items
 from tests.conftest import TEST_ADMIN_TOKEN
 from tests.helpers import wait_until
 
@@ -80,7 +80,7 @@ async def test_purge_archives_then_drops(runtime):
         ("a", "bad", {"text": "a"})]
     assert not await runtime.durable.hexists(meta_key(), "a")
     assert await runtime.durable.hexists(meta_key(), "b")
-    assert (await queue.job_status(runtime, "a"))["state"] == "dead"
+    assert (await job_status(runtime, "a"))["state"] == "dead"
     assert await deadletter.purge(runtime, "store", 0) == 0
     assert await runtime.durable.llen(dead_key("store")) == 1
 

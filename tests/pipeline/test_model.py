@@ -23,7 +23,7 @@ from gateway.pipeline.stages import (
     STAGES,
     dead_key,
     delayed_key,
-    lease_key,
+    inflight_key,
     meta_key,
     next_stage,
     ready_keys,
@@ -205,7 +205,7 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
                     places += [("ready", stage)] * ready.count(item_id)
                     if self.r.zscore(delayed_key(stage), item_id) is not None:
                         places.append(("delayed", stage))
-                    if self.r.hexists(lease_key(stage), item_id):
+                    if self.r.hexists(inflight_key(stage), item_id):
                         places.append(("leased", stage))
                     dead = [json.loads(e)["item_id"]
                             for e in self.r.lrange(dead_key(stage), 0, -1)]

@@ -19,14 +19,15 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
-    lease_key,
+    inflight_key,
     meta_key,
     ready_class_key,
     ready_keys,
     seen_key,
 )
-from gateway.pipeline.status import document, queue_depths, ready_items
+from gateway.pipeline.status import document, job_status, queue_depths, ready_items
 from tests.helpers import registry_violations, wait_until
+from tests.pipeline.helpers import queue_add
 
 DOC = {"text": "hello"}
 
@@ -128,7 +129,7 @@ async def test_only_the_token_holder_acts(runtime):
     await queue.enqueue(durable, "a", DOC)
     lease = await queue.fetch(durable, "store", "w1", 60_000)
     assert lease is not None
-    forged = queue.Lease(**{**lease.__dict__, "token": "not-mine"})
+    forged = queue.LeasedItem(**{**lease.__dict__, "token": "not-mine"})
     assert await queue.heartbeat(durable, forged, 60_000) is queue.LeaseResult.NOT_OWNER
     assert await queue.complete(durable, forged) is queue.LeaseResult.NOT_OWNER
     out = await queue.fail(durable, forged, "x", max_failures=3)
@@ -167,7 +168,7 @@ async def test_fail_backs_off_then_dead_letters(runtime):
     now_ms = time_s * 1000 + time_us // 1000
     assert now_ms + 25_000 <= ready_at <= now_ms + 60_000  # half fixed, half jitter
     assert await queue.fetch(durable, "store", "w1", 60_000) is None  # not due yet
-    assert (await queue.job_status(runtime, "a"))["stages"]["store"] == "retrying"
+    assert (await job_status(runtime, "a"))["stages"]["store"] == "retrying"
     await durable.zadd(delayed_key("store"), {"a": 0})  # make it due
     again = await queue.fetch(durable, "store", "w1", 60_000)
     assert again is not None and again.failures == 1
@@ -175,7 +176,7 @@ async def test_fail_backs_off_then_dead_letters(runtime):
     assert out.dead
     entries = [json.loads(e) for e in await durable.lrange(dead_key("store"), 0, -1)]
     assert entries[0]["item_id"] == "a" and entries[0]["reason"] == "boom twice"
-    status = await queue.job_status(runtime, "a")
+    status = await job_status(runtime, "a")
     assert status == {"item_id": "a", "state": "dead",
                       "stages": {"store": "dead", "chunk": "pending", "embed": "pending",
                                  "graph": "pending"}}
@@ -222,7 +223,7 @@ async def test_add_in_a_caller_pipeline_with_a_claim(runtime):
     for expected in ([True, 1], [None, 0]):
         async with durable.pipeline(transaction=False) as pipe:
             pipe.set(keys.dedup_job("j1"), "in-progress", nx=True, ex=60)
-            await queue.queue_add(pipe, "j1", DOC, priority="critical")
+            await queue_add(pipe, "j1", DOC, priority="critical")
             assert await pipe.execute() == expected
     assert len(await ready_items(durable, "store")) == 1
 
@@ -235,7 +236,7 @@ async def test_script_flush_mid_run_reloads(runtime):
     assert await queue.complete(durable, lease) is queue.LeaseResult.OK
     await durable.script_flush()
     async with durable.pipeline(transaction=False) as pipe:
-        await queue.queue_add(pipe, "b", DOC)
+        await queue_add(pipe, "b", DOC)
         assert await pipe.execute() == [1]
     await durable.script_flush()
     assert await queue.enqueue(durable, "c", DOC) is True
@@ -299,6 +300,6 @@ async def test_complete_with_a_wrong_class_list_changes_nothing(runtime):
     keys, args = queue.complete_call("store", "a", lease.token, 97)
     with pytest.raises(redis.exceptions.ResponseError, match="no ready list for class"):
         await scripts_for(durable).complete(keys=keys, args=args)
-    assert await durable.hexists(lease_key("store"), "a")
+    assert await durable.hexists(inflight_key("store"), "a")
     assert await queue.complete(durable, lease) is queue.LeaseResult.OK
     assert await ready_items(durable, "chunk") == ["a"]

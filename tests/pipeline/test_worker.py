@@ -13,7 +13,7 @@ from gateway.knowledge.stages import DEFAULTS
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import STAGES, dead_key, meta_key
-from gateway.pipeline.status import queue_depths
+from gateway.pipeline.status import job_status, queue_depths
 from gateway.pipeline.worker import WorkerConfig
 from tests.helpers import registry_violations, wait_until
 
@@ -64,7 +64,7 @@ async def test_items_flow_through_all_stages_with_default_handlers(runtime):
     assert [r["offset"] for r in feed_rows] == list(range(1, 21))  # batches leave no hole
     assert sorted((r["payload"]["item_id"], r["kind"]) for r in feed_rows) == sorted(
         (f"doc{i}", s) for i in range(5) for s in STAGES)
-    assert await queue.job_status(runtime, "doc3") == {
+    assert await job_status(runtime, "doc3") == {
         "item_id": "doc3", "state": "done", "stages": dict.fromkeys(STAGES, "done")}
     # Nothing of a finished item is left in Redis but its dedup entry.
     assert await runtime.durable.hlen(meta_key()) == 0
@@ -93,7 +93,7 @@ async def test_failing_handler_retries_then_dead_letters(runtime):
     # Every failed attempt rolled back its partial writes and its journal row.
     assert await runtime.pg.fetchval("SELECT count(*) FROM pipeline_edges") == 0
     assert await _journal_count(runtime) == 1  # store only
-    status = await queue.job_status(runtime, "a")
+    status = await job_status(runtime, "a")
     assert status["state"] == "dead" and status["stages"]["chunk"] == "dead"
 
 

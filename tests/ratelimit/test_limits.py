@@ -1,4 +1,4 @@
-"""Platform and provider limits: defaults from DESIGN §5, configuration, and the provider
+"""Platform and provider limits: the published defaults, configuration, and the provider
 budget API handlers use."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.pipeline.stages import STAGES, dead_key, lease_key, stats_key
+from gateway.pipeline.stages import STAGES, dead_key, inflight_key, stats_key
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
 from tests.fakes import FakeSlack, FakeTelegram, event_callback, text_update
@@ -99,7 +99,7 @@ async def leases_of(runtime: Runtime, pid: int) -> set[tuple[str, str]]:
     """(stage, item) of every lease a worker process holds (its name is host:pid:random)."""
     held = set()
     for stage in STAGES:
-        for item, value in (await runtime.durable.hgetall(lease_key(stage))).items():
+        for item, value in (await runtime.durable.hgetall(inflight_key(stage))).items():
             if f":{pid}:" in value:
                 held.add((stage, item))
     return held
@@ -156,7 +156,7 @@ async def test_replicas_and_workers_process_everything_exactly_once(
     assert await reclaimed_total(runtime) == len(held)
     for stage in STAGES:
         assert await runtime.durable.llen(dead_key(stage)) == 0
-        assert await runtime.durable.hlen(lease_key(stage)) == 0
+        assert await runtime.durable.hlen(inflight_key(stage)) == 0
 
     # One bot reply per update and per event, whatever replica or retry carried it.
     for n in range(UPDATES):

@@ -1,4 +1,4 @@
-"""The listener's health flag ``cache:mattermost:listener`` in redis-cache (DESIGN §2).
+"""The listener's health flag ``cache:mattermost:listener`` in redis-cache.
 
 Only the lease holder writes it: a heartbeat JSON ``{instance, connected, since,
 last_event_at, reconnects}`` with a TTL, refreshed well inside that TTL. An expired key reads

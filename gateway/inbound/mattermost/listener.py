@@ -212,7 +212,7 @@ class Listener:
         try:
             async with self._publishing:
                 await health.publish(self.runtime.cache, self.state, self.config.health_ttl)
-        except RedisError as exc:  # losing redis-cache changes no outcome (DESIGN §1)
+        except RedisError as exc:  # losing redis-cache changes no outcome
             log.warning("mattermost listener: health flag not written: %s", exc)
 
     # --- socket ------------------------------------------------------------------------

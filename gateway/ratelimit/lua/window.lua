@@ -1,4 +1,4 @@
--- Sliding-window log limiter on Redis time (DESIGN §5), exact at window edges.
+-- Sliding-window log limiter on Redis time, exact at window edges.
 --
 -- KEYS[1]  rl:window:{<name>}        ZSET: member "<id>:<cost>", score = admission time (µs)
 -- KEYS[2]  rl:window:{<name>}:total  the sum of the costs in KEYS[1] (one hash tag: Cluster)

@@ -1,4 +1,4 @@
--- The durable feed (DESIGN §4): per-topic offsets that rise by exactly one.
+-- The durable feed: per-topic offsets that rise by exactly one.
 --
 -- feed_topics is the per-topic counter. Appending does
 --   INSERT ... ON CONFLICT (topic) DO UPDATE SET last_offset = last_offset + 1 RETURNING
