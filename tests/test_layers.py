@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
     ("outbound", "push"),
     ("ratelimit", "leases"),
-    ("http",),
+    ("api",),
     ("stores",),
     ("config", "keys", "metrics", "logging_setup"),
 )

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.http.errors import ApiError
-from gateway.http.state import RUNTIME
+from gateway.api.errors import ApiError
+from gateway.api.state import RUNTIME
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="gateway-admin"'}
 

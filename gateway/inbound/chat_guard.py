@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.http.errors import ApiError
+from gateway.api.errors import ApiError
 from gateway.inbound.http_intake import install
 from gateway.stores.runtime import Runtime
 

@@ -11,9 +11,9 @@ from json.encoder import encode_basestring_ascii as _quote  # C, no encoder set-
 
 from aiohttp import web
 
+from gateway.api.errors import ApiError
 from gateway.config import Settings
 from gateway.dedup.intake import Intake, Intaker
-from gateway.http.errors import ApiError
 from gateway.security.brute import BruteBarrier, BruteSettings
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime

@@ -14,9 +14,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway import keys
-from gateway.http import routes
-from gateway.http.errors import ApiError
-from gateway.http.state import RUNTIME
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import RUNTIME
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import INBOUND, install, intake_answer, read_body, require_json
 from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError

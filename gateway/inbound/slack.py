@@ -24,11 +24,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway import keys
+from gateway.api import routes
+from gateway.api.errors import ApiError
 from gateway.conversations.background import Background
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
-from gateway.http import routes
-from gateway.http.errors import ApiError
 from gateway.inbound.chat_guard import Guard
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import Undeliverable, retry_after_of

@@ -27,13 +27,13 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 from telegram.ext import Application, ContextTypes, TypeHandler
 
 from gateway import keys
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.background import Background
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.dedup import claims
-from gateway.http import routes
-from gateway.http.errors import ApiError
-from gateway.http.state import add_readiness_check
 from gateway.inbound.chat_guard import Guard
 from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
 from gateway.stores.runtime import Runtime

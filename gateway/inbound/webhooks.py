@@ -23,9 +23,9 @@ from typing import NamedTuple
 from aiohttp import web
 
 from gateway import keys
+from gateway.api import routes
+from gateway.api.errors import ApiError
 from gateway.config import Settings
-from gateway.http import routes
-from gateway.http.errors import ApiError
 from gateway.inbound import signing
 from gateway.inbound.documents import parse_json_text, webhook_payload
 from gateway.inbound.http_intake import (

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11
 
-from gateway.http.errors import ApiError
+from gateway.api.errors import ApiError
 from gateway.push import feed, metrics
 from gateway.push.frames import Frame, event_text
 from gateway.push.frames import chunk as chunk_frame

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.http import routes
-from gateway.http.errors import ApiError
-from gateway.http.state import add_readiness_check
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import add_readiness_check
 from gateway.push import feed, sse
 from gateway.push.hub import Hub
 from gateway.push.protocol import FeedError

@@ -27,8 +27,8 @@ from aiohttp import web
 from redis.commands.core import AsyncScript
 
 from gateway import keys
+from gateway.api.errors import ApiError
 from gateway.config import ConfigError, positive_numbers
-from gateway.http.errors import ApiError
 from gateway.stores.coalesce import AutoPipeline
 
 _FAIL = (Path(__file__).parent / "lua" / "brute_fail.lua").read_text()

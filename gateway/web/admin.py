@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from gateway.access.admin import admin_only
-from gateway.http import routes
-from gateway.http.errors import ApiError
-from gateway.http.state import RUNTIME
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import RUNTIME
 from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges

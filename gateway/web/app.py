@@ -1,7 +1,7 @@
 """Builds the aiohttp application from components.
 
 A component is a module with ``setup(app, runtime)`` that adds its routes (through
-``gateway.http.routes``), background tasks (``app.cleanup_ctx``) and readiness checks. The
+``gateway.api.routes``), background tasks (``app.cleanup_ctx``) and readiness checks. The
 list below is the whole HTTP surface.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from gateway.http import routes
-from gateway.http.state import RUNTIME
+from gateway.api import routes
+from gateway.api.state import RUNTIME
 from gateway.stores.runtime import Runtime
 
 COMPONENTS: tuple[str, ...] = (
@@ -32,7 +32,7 @@ COMPONENTS: tuple[str, ...] = (
 
 def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.Application:
     settings = runtime.settings
-    # No middlewares: every route is guarded at registration (gateway.http.routes, which
+    # No middlewares: every route is guarded at registration (gateway.api.routes, which
     # says why); unmatched requests reach the fallback route added last.
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[RUNTIME] = runtime

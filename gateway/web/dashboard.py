@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.http import routes
-from gateway.http.state import RUNTIME
+from gateway.api import routes
+from gateway.api.state import RUNTIME
 from gateway.inbound.mattermost import health as mattermost_health
 from gateway.pipeline.status import queue_depths
 from gateway.push import feed

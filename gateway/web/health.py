@@ -9,8 +9,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.http import routes
-from gateway.http.state import READINESS, ReadinessCheck, add_readiness_check
+from gateway.api import routes
+from gateway.api.state import READINESS, ReadinessCheck, add_readiness_check
 from gateway.stores.redis import AnyRedis
 from gateway.stores.runtime import Runtime
 

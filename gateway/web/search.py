@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.http import routes
-from gateway.http.errors import ApiError
-from gateway.http.state import RUNTIME
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import RUNTIME
 from gateway.knowledge import search as pipeline_search
 from gateway.stores.runtime import Runtime
 

@@ -130,7 +130,7 @@ def test_url_parts() -> None:
 
 
 def test_readme_examples_parse() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     urls = re.findall(r"'(rediss?\+(?:sentinel|cluster)://[^']+)'", readme)
     assert len([u for u in urls if "+sentinel" in u]) >= 2, urls
     for url in urls:

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings, field_types, positive_numbers
 from gateway.conversations.service import Incoming, handle_incoming
-from gateway.http.state import add_readiness_check
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.client import Post
 from gateway.inbound.mattermost.listener import Listener, ListenerConfig, PostHandler, Send

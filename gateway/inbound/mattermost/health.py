@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway import keys
-from gateway.http.state import ReadinessCheck
+from gateway.api.state import ReadinessCheck
 from gateway.stores.redis import AnyRedis
 from gateway.stores.runtime import Runtime
 

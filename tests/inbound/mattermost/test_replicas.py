@@ -23,7 +23,7 @@ from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
 from tests.helpers import wait_until
 from tests.inbound.mattermost.helpers import FAST, LEASE_SECONDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 Process = asyncio.subprocess.Process
 
 

@@ -23,7 +23,7 @@ _CODES = {
 
 class ApiError(Exception):
     """Raise from a handler to answer with a JSON error; the route guard
-    (``gateway.http.routes``) renders it."""
+    (``gateway.api.routes``) renders it."""
 
     def __init__(self, status: int, code: str, detail: str,
                  headers: Mapping[str, str] | None = None) -> None:

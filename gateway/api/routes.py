@@ -21,8 +21,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from gateway.http.errors import ApiError, json_error, store_error
-from gateway.http.state import RUNTIME
+from gateway.api.errors import ApiError, json_error, store_error
+from gateway.api.state import RUNTIME
 from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
 log = logging.getLogger("gateway.web")

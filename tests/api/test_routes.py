@@ -45,7 +45,7 @@ async def test_an_oversized_body_to_an_unknown_path_is_still_413(
 
 
 async def test_every_route_of_the_app_is_guarded(client: TestClient[Any, Any]) -> None:
-    """A route added around ``gateway.http.routes`` would answer errors as text, unmetered."""
+    """A route added around ``gateway.api.routes`` would answer errors as text, unmetered."""
     unguarded = [(route.method, route.resource.canonical if route.resource else "?")
                  for route in client.app.router.routes()
                  if route.handler.__qualname__ != "guarded.<locals>.guarded_handler"]

@@ -1,2 +1,0 @@
-"""The small HTTP toolkit every component uses: JSON errors, the route guard, typed
-application state and the readiness registry."""
