@@ -9,7 +9,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway import keys
+from gateway import keys, logging_setup
 from gateway.config import ConfigError, Secret, Settings, load_settings
 from gateway.pipeline.stages import STAGES
 
@@ -125,8 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
-        from gateway import logging_setup
-
         logging_setup.configure(_secret_values(settings))
         return _resolve(args.command)(args, settings)
     except ConfigError as exc:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from gateway.pipeline import metrics
 from gateway.pipeline.stages import (
     STAGES,
     dead_key,
@@ -124,8 +125,6 @@ async def queue_depths(durable: AnyRedis) -> dict[str, Any]:
 
 async def refresh_depth_gauges(durable: AnyRedis) -> None:
     """Copy the queue depths into the ``gateway_pipeline_queue_depth`` gauges."""
-    from gateway.pipeline import metrics
-
     depths = await queue_depths(durable)
     for stage, counts in depths["stages"].items():
         for state, count in counts.items():

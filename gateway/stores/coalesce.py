@@ -39,7 +39,7 @@ try:
 except ImportError:  # hiredis is optional for redis-py; fall back to its encoder
     _hiredis_pack = None  # type: ignore[assignment]
 
-log = logging.getLogger("gateway.autopipeline")
+log = logging.getLogger("gateway.coalesce")
 Command = Sequence[Any]
 Pending = tuple[Sequence[Command], "asyncio.Future[list[Any]] | None"]
 

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.config import ConfigError
 from gateway.stores.cluster import GatewayCluster
+from gateway.stores.sentinel import connect_sentinel
 
 AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 
@@ -47,8 +48,6 @@ def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
     """A lazily-connecting client; nothing is contacted until the first command."""
     scheme = url.split("://", 1)[0]
     if scheme.endswith("+sentinel"):
-        from gateway.stores.sentinel import connect_sentinel
-
         return connect_sentinel(url, variable=variable, retry=_retry(),
                                 retry_on_error=[RedisConnectionError],
                                 max_connections=max_connections, **_COMMON)

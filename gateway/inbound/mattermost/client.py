@@ -5,7 +5,7 @@ Why not a driver: mattermostdriver (archived, last release 2022) breaks on ``wss
 Python >= 3.10 and reconnects in a hot loop; mattermostautodriver shares that WebSocket loop
 (no backoff, ``disconnect()`` does not stop it) and pulls in httpx. The gateway needs four REST
 calls and one socket, and owns reconnects, backoff and catch-up itself (see
-``mattermost_listener``), so a thin client on the aiohttp we already run is the smaller risk.
+``listener.py``), so a thin client on the aiohttp we already run is the smaller risk.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ answered twice.
   (the holder died mid-answer) is taken over on catch-up unless the platform shows our
   reply to that post already (each reply names the post it answers in its props).
 - **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
-  ``mattermost_health``).
+  ``health.py``).
 """
 
 from __future__ import annotations
