@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,6 +32,13 @@ _MICRO = 1_000_000
 def window_key(name: str) -> str:
     """The log of one limit; its running total is ``<key>:total`` (same hash tag)."""
     return keys.rl("window", "{" + name + "}")
+
+
+def whole_units(rate: float, period: float) -> tuple[int, float]:
+    """The log counts whole units: ``rate`` per ``period`` becomes a whole count per a window
+    with the same average (0.5 per 1 s is 1 per 2 s; 1.5 per 1 s is 2 per 1.33 s)."""
+    limit = math.ceil(rate)
+    return limit, period * limit / rate
 
 
 class LimitError(ValueError):
@@ -64,10 +72,10 @@ class Limiter:
         """
         if rate <= 0 or period <= 0 or cost < 1 or burst < 1:
             raise LimitError("rate, period, burst and cost must be positive")
-        limit = int(rate)
+        limit, period = whole_units(rate, period)
         burst = min(int(burst), limit)
         window_us = round(period * _MICRO)
-        smooth_us = round(burst * period / rate * _MICRO)
+        smooth_us = round(burst * period / limit * _MICRO)
         log_key = window_key(name)
         admitted, wait_us, now_us = await self._window(
             keys=[log_key, log_key + ":total"],

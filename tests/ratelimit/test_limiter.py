@@ -43,6 +43,23 @@ async def test_thousand_attempts_over_a_simulated_minute_never_exceed_the_limit(
     assert any(t >= start + 60.0 for t in admitted)
 
 
+async def test_a_fractional_rate_is_kept_on_average_not_truncated_to_zero(
+        runtime: Runtime) -> None:
+    """0.5 per second admits one unit every two seconds (int(0.5) would admit nothing)."""
+    limiter = Limiter(runtime.durable)
+    base = 7_000_000.0
+    first = await limiter.check("half", rate=0.5, period=1.0, now=base)
+    early = await limiter.check("half", rate=0.5, period=1.0, now=base + 1.0)
+    due = await limiter.check("half", rate=0.5, period=1.0, now=base + 2.0)
+    assert first.admitted and not early.admitted and due.admitted
+    assert early.wait == pytest.approx(1.0, abs=1e-6)
+    admitted = [t for t in (base + 3 + i * 0.1 for i in range(100))
+                if (await limiter.check("three-halves", rate=1.5, period=1.0, burst=2,
+                                        now=t)).admitted]
+    # 1.5/s is 2 per 4/3 s: never more in any such window, and about 15 in 10 s.
+    assert max_in_any_window(admitted, 4 / 3) <= 2 and 14 <= len(admitted) <= 16
+
+
 async def test_a_fixed_window_edge_burst_is_refused(runtime: Runtime) -> None:
     """The classic INCR+EXPIRE failure: a full budget at the end of one window and another
     at the start of the next. The sliding window refuses the second."""
