@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from gateway.push.channel import publish_signal
-from gateway.push.protocol import FeedError, FeedRow, check_topic
+from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
 from gateway.stores.redis import AnyRedis
 
 MAX_READ_LIMIT = 1000
@@ -141,6 +141,7 @@ async def read_page(pool: asyncpg.Pool | asyncpg.Connection, topic: str, after: 
     check_topic(topic)
     if after < 0:
         raise FeedError("after must be >= 0")
+    check_offset(after)
     if not 1 <= limit <= MAX_READ_LIMIT:
         raise FeedError(f"limit must be 1-{MAX_READ_LIMIT}")
     records = await pool.fetch(_READ, topic, after, limit)

@@ -18,6 +18,8 @@ from typing import Any
 
 # Named event the server sends right before it closes a stream on purpose.
 DISCONNECT_EVENT = "gateway.disconnect"
+# Offsets are PostgreSQL bigints; a larger one names no row and could not be queried.
+MAX_OFFSET = 2**63 - 1
 
 # Topics end up in SSE cursors ("<topic>:<offset>" joined by commas) and channel names.
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,200}$")
@@ -73,10 +75,17 @@ def parse_cursor(text: str) -> dict[str, int]:
     positions: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         topic, colon, offset = part.rpartition(":")
-        if not colon or not offset.isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if not colon or not offset.isascii() or not offset.isdigit():
             raise FeedError(f"cursor part {part[:80]!r} is not <topic>:<offset>")
-        positions[check_topic(topic)] = int(offset)
+        positions[check_topic(topic)] = check_offset(int(offset))
     return positions
+
+
+def check_offset(offset: int) -> int:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise FeedError(f"an offset must be 0-{MAX_OFFSET}")
+    return offset
 
 
 def format_cursor(positions: Mapping[str, int]) -> str:

@@ -68,7 +68,7 @@ async def test_feed_endpoint_refuses_bad_input_as_json(push_server: Any) -> None
     client = await push_server()
     for params in ({}, {"topic": "pipeline", "after": "x"}, {"topic": "pipeline", "limit": "0"},
                    {"topic": "pipeline", "limit": "5000"}, {"topic": "pipeline", "after": "-1"},
-                   {"topic": "a,b"}):
+                   {"topic": "pipeline", "after": str(2**63)}, {"topic": "a,b"}):
         resp = await client.get("/v1/feed", params=params)
         assert resp.status == 400, params
         body = await resp.json()
@@ -79,6 +79,8 @@ async def test_stream_refuses_bad_input_as_json(push_server: Any) -> None:
     client = await push_server()
     for params, headers in (({}, {}), ({"topics": "bad topic"}, {}),
                             ({"topics": "pipeline"}, {"Last-Event-ID": "pipeline:x"}),
+                            ({"topics": "pipeline"}, {"Last-Event-ID": "pipeline:\u00b2"}),
+                            ({"topics": "pipeline", "since": f"pipeline:{2**63}"}, {}),
                             ({"topics": "pipeline", "since": "nocolon"}, {})):
         resp = await client.get("/v1/stream", params=params, headers=headers)
         assert resp.status == 400, params
