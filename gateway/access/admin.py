@@ -20,7 +20,8 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="gateway-admin"'}
 
 
 def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode()).digest()
+    # aiohttp hands header bytes that are not UTF-8 over as surrogates: hash the bytes sent.
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
 
 
 def require_admin(request: web.Request) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from gateway.pipeline import deadletter, queue
@@ -36,6 +38,19 @@ async def test_admin_routes_need_the_token(runtime, make_client):
             assert resp.status == 401, (headers, path)
             body = await resp.json()
             assert body["error"] == "unauthorized" and body["detail"]
+
+
+async def test_an_admin_token_of_bytes_that_are_not_utf8_is_a_401(runtime, make_client):
+    client = await make_client(_app(runtime))
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(b"GET /v1/admin/queues HTTP/1.1\r\nHost: t\r\n"
+                 b"Authorization: Bearer ab\xff\xfecd\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b'"unauthorized"' in answer
 
 
 async def test_queues_deadletter_list_and_requeue(runtime, make_client):
