@@ -1,4 +1,4 @@
-"""Cluster client benchmark (issue 8): the cost of running the same Redis work on a local
+"""Cluster client benchmark: the cost of running the same Redis work on a local
 three-master cluster instead of one instance, and of the gateway's cluster client
 (``gateway.stores.cluster.GatewayCluster``) over redis-py's bare ``RedisCluster``.
 

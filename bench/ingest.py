@@ -1,4 +1,4 @@
-"""Ingest benchmark (issue 4 §6): signed webhooks against ``gateway serve`` vs a bare handler.
+"""Ingest benchmark: signed webhooks against ``gateway serve`` vs a bare handler.
 
 Both servers are one Python process on the same core (``taskset -c <server-core>``), default
 asyncio loop, no access log. The load generator is ``wrk`` (C, one thread) on the other core,
@@ -58,7 +58,7 @@ async def ok(request):
     return web.Response(status=200)
 
 async def naive(request):
-    # One redis-py call per request, no batching: the ~0.26 ceiling of issue 4 section 6.
+    # One redis-py call per request, no batching: a ceiling of about 0.26 of the bare handler.
     key = "dedup:webhook:naive:" + request.headers.get("webhook-id", "-")
     await request.app["redis"].set(key, "1", nx=True, ex=600)
     return web.Response(status=202)

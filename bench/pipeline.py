@@ -1,4 +1,4 @@
-"""Pipeline benchmark (issue 3 §7): N items through store -> chunk -> embed -> graph with
+"""Pipeline benchmark: N items through store -> chunk -> embed -> graph with
 no-op handlers (4N handler runs), one worker process, journaling and feed rows on as in
 production, side by side in one invocation with:
 

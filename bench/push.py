@@ -1,4 +1,4 @@
-"""Push benchmark (issue 5 §7): feed commit → receipt by N SSE clients of one ``gateway serve``
+"""Push benchmark: feed commit → receipt by N SSE clients of one ``gateway serve``
 process, side by side with a bare redis-py subscriber of the same ``PUBLISH`` (the floor).
 
 Layout on a 2-core machine: the gateway server alone on ``--server-core``; the stores, the

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 8 §4): throughput with several ``gateway worker`` and ``gateway
+"""Scale benchmark: throughput with several ``gateway worker`` and ``gateway
 serve`` processes, on one Redis per role and on local three-master clusters, with the ratio
 to one process and where the CPU went.
 

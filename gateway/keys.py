@@ -1,9 +1,9 @@
 """The key registry: every Redis key and channel the gateway uses, and the only
 place that builds them.
 
-A key that matches no row here is a bug; ``tests/test_keys.py`` scans both instances after a
-full scenario to prove it. Keys that one Lua script touches together share a hash tag so the
-scripts also run on Redis Cluster.
+A key that matches no row here is a bug; ``tests/test_registry_scenario.py`` scans both
+instances after a full scenario to prove it. Keys that one Lua script touches together share
+a hash tag so the scripts also run on Redis Cluster.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The key registry holds against a full scenario (issue 2 §4).
+"""The key registry holds against a full scenario.
 
 One app with every component, pipeline workers, the Telegram and Slack bots and the
 Mattermost listener, all pointed at the fakes, is driven through each inbound path (signed

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from gateway.api.errors import ApiError, json_error, store_error
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
 from gateway.api.state import RUNTIME
 from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
@@ -131,7 +131,7 @@ def _error_response(exc: Exception, route: str) -> web.StreamResponse:
                         asyncpg.InterfaceError, ConnectionError)):
         log.warning("postgres unavailable on %s: %s", route, type(exc).__name__)
         return json_error(503, "store_unavailable", "the database is unreachable; retry later",
-                          {"Retry-After": "5"})
+                          {"Retry-After": str(RETRY_AFTER_SECONDS)})
     mapped = store_error(exc)
     if mapped is None:
         log.exception("unhandled error on %s", route, exc_info=exc)

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import dataclasses
 import json
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -109,7 +108,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     try:
         assert settings.database_url
         asyncio.run(migrate_url(settings.database_url))
-        os.environ.setdefault("GATEWAY_DEV", "1")
         return asyncio.run(serve.run(settings, services=_services(args),
                                      on_ready=lambda url: _announce(url, settings, root)))
     except KeyboardInterrupt:

@@ -53,7 +53,8 @@ async def default_handler(ctx: Context) -> str | None:
 
 
 class HttpHandler:
-    """POSTs ``{conversation, message, history}`` to a URL and sends back its ``reply``.
+    """POSTs ``{conversation_id, platform, chat, thread, command, message, messages}`` to a
+    URL and sends back its ``reply``.
 
     The answer must be JSON ``{"reply": str | null}``. A slow or failing endpoint raises;
     the service then answers with an apology instead of staying silent.

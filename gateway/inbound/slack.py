@@ -1,4 +1,4 @@
-"""Slack bot (issue 6): slack-bolt ``AsyncApp`` mounted on our own aiohttp routes.
+"""Slack bot: slack-bolt ``AsyncApp`` mounted on our own aiohttp routes.
 
 ``/slack/events`` and ``/slack/commands`` go through Bolt, which verifies the signature and
 the timestamp (±5 min) and answers ``url_verification``; its refusals become our JSON 401.

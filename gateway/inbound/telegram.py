@@ -1,4 +1,4 @@
-"""Telegram bot (issue 6): python-telegram-bot inside our aiohttp app, no second server.
+"""Telegram bot: python-telegram-bot inside our aiohttp app, no second server.
 
 Webhook mode: ``POST /telegram/webhook`` checks ``X-Telegram-Bot-Api-Secret-Token`` in
 constant time (403 otherwise), claims ``dedup:telegram-update:<bot_id>:<update_id>`` (a TTL
@@ -28,7 +28,7 @@ from telegram.ext import Application, ContextTypes, TypeHandler
 
 from gateway import keys
 from gateway.api import routes
-from gateway.api.errors import ApiError
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.background import Background
@@ -140,7 +140,7 @@ class TelegramBot:
             raise ApiError(400, "bad_request", "body must be a Telegram update with update_id")
         if not self.ready.is_set():
             raise ApiError(503, "unavailable", "telegram bot is starting",
-                           {"Retry-After": "5"})
+                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
         try:
             update = Update.de_json(data, self.ptb.bot)
         except (KeyError, TypeError, ValueError) as exc:

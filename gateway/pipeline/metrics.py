@@ -1,4 +1,4 @@
-"""Prometheus metrics of the pipeline (issue 3 §4), labelled by stage."""
+"""Prometheus metrics of the pipeline, labelled by stage."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Three ``gateway serve`` replicas and two ``gateway worker`` processes on one set of stores
-(issue 8 §2). Webhooks, jobs, Telegram updates and Slack events go to random replicas, each
+"""Three ``gateway serve`` replicas and two ``gateway worker`` processes on one set of stores.
+Webhooks, jobs, Telegram updates and Slack events go to random replicas, each
 delivered three times (twice at once, once more later): every one is processed once. One
 worker is killed -9 while it holds leases: RECLAIM, running in every replica and in both
 workers, returns each of its items exactly once, and every item ends with exactly one

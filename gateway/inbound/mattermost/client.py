@@ -3,7 +3,7 @@ WebSocket event stream.
 
 Why not a driver: mattermostdriver (archived, last release 2022) breaks on ``wss://`` with
 Python >= 3.10 and reconnects in a hot loop; mattermostautodriver shares that WebSocket loop
-(no backoff, ``disconnect()`` does not stop it) and pulls in httpx. The gateway needs four REST
+(no backoff, ``disconnect()`` does not stop it) and pulls in httpx. The gateway needs five REST
 calls and one socket, and owns reconnects, backoff and catch-up itself (see
 ``listener.py``), so a thin client on the aiohttp we already run is the smaller risk.
 """

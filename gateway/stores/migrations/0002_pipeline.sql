@@ -1,4 +1,4 @@
--- Pipeline (issue 3): documents and their derived rows, the run journal, archived dead letters.
+-- Pipeline: documents and their derived rows, the run journal, archived dead letters.
 CREATE TABLE pipeline_documents (
     item_id    text PRIMARY KEY,
     priority   text NOT NULL,

@@ -1,4 +1,4 @@
--- Conversations (issue 6): one active conversation per chat, its messages, and the replies
+-- Conversations: one active conversation per chat, its messages, and the replies
 -- that could not be delivered (the outbound dead letters).
 --
 -- chat_key identifies a chat within its platform: "<chat>" for Telegram, "<team>/<channel>/
