@@ -29,19 +29,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from hiredis import pack_command
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from gateway.stores.redis import AnyRedis
 
-try:
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # hiredis is optional for redis-py; fall back to its encoder
-    _hiredis_pack = None  # type: ignore[assignment]
-
 log = logging.getLogger("gateway.coalesce")
 Command = Sequence[Any]
-Pending = tuple[Sequence[Command], "asyncio.Future[list[Any]] | None"]
+# A caller's commands, packed as RESP, and the future of its replies (None: not awaited).
+Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
 
 
 class AutoPipeline:
@@ -58,7 +56,10 @@ class AutoPipeline:
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
     async def batch(self, commands: Sequence[Command]) -> list[Any]:
-        """Send ``commands`` with the next flush; their raw replies, errors as values."""
+        """Send ``commands`` with the next flush; their raw replies, errors as values.
+
+        An argument Redis cannot take (not str, bytes, int or float) raises ``TypeError`` here,
+        for this caller alone, before anything is queued."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._enqueue(commands, future)
         return await future
@@ -82,44 +83,46 @@ class AutoPipeline:
 
     def _enqueue(self, commands: Sequence[Command],
                  future: asyncio.Future[list[Any]] | None) -> None:
-        self._pending.append((commands, future))
+        # Packed in the caller's turn (hiredis, in C): a bad argument fails its own caller,
+        # never the batch it would have joined.
+        packed = b"".join([pack_command(tuple(command)) for command in commands])
+        self._pending.append((commands, packed, future))
         if self._flusher is None:
             # A task starts on the next loop turn: callers ready in this turn join the batch.
             self._flusher = asyncio.create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:
+        taken: list[Pending] = []
         try:
             while self._pending:
                 taken = self._take()
                 try:
-                    replies = await self._send([c for commands, _ in taken for c in commands])
+                    replies = await self._send(taken)
                 except Exception as exc:
-                    lost = sum(1 for _, future in taken if future is None)
-                    if lost:
-                        log.warning("%d unawaited redis writes lost: %s", lost,
-                                    type(exc).__name__)
-                    for _, future in taken:
-                        if future is not None and not future.done():
-                            future.set_exception(exc)
+                    _fail(taken, exc)
+                    taken = []
                     continue
                 start = 0
-                for commands, future in taken:
+                for commands, _, future in taken:
                     end = start + len(commands)
                     if future is None:
                         _log_errors(replies[start:end])
                     elif not future.done():
                         future.set_result(replies[start:end])
                     start = end
+                taken = []
         finally:
+            # Cancelled (shutdown): the batch on the wire and the stragglers get an answer
+            # too, the one for a store that went away, so no caller waits forever.
             self._flusher = None
-            for _, future in self._pending:  # cancelled at shutdown: fail the stragglers
-                if future is not None:
-                    future.cancel()
-            self._pending.clear()
+            unanswered, self._pending = [*taken, *self._pending], []
+            if unanswered:
+                _fail(unanswered,
+                      RedisConnectionError("the command coalescer stopped before the reply"))
 
     def _take(self) -> list[Pending]:
         count = 0
-        for index, (commands, _) in enumerate(self._pending):
+        for index, (commands, _, _) in enumerate(self._pending):
             count += len(commands)
             if count >= self.max_batch:
                 taken = self._pending[: index + 1]
@@ -128,17 +131,17 @@ class AutoPipeline:
         taken, self._pending = self._pending, []
         return taken
 
-    async def _send(self, commands: list[Command]) -> list[Any]:
+    async def _send(self, taken: list[Pending]) -> list[Any]:
         if self.cluster:
-            return await self._cluster_send(commands)
+            return await self._cluster_send([c for commands, _, _ in taken for c in commands])
         pool = self.redis.connection_pool  # type: ignore[union-attr]
         conn = await pool.get_connection()
         self.flushes += 1
         try:
             async with asyncio.timeout(self.flush_timeout):
-                await conn.send_packed_command(_pack(conn, commands))
+                await conn.send_packed_command(b"".join([packed for _, packed, _ in taken]))
                 replies: list[Any] = []
-                for _ in commands:
+                for _ in range(sum(len(commands) for commands, _, _ in taken)):
                     try:
                         replies.append(await conn.read_response(timeout=math.inf))
                     except ResponseError as exc:
@@ -169,11 +172,14 @@ class AutoPipeline:
 _UNCALLBACK: dict[str, dict[Any, Any]] = {"SET": {True: "OK"}, "PING": {True: "PONG"}}
 
 
-def _pack(conn: Any, commands: list[Command]) -> bytes | list[bytes]:
-    """RESP for the whole flush: hiredis packs in C, ~10x faster than redis-py's encoder."""
-    if _hiredis_pack is None:
-        return conn.pack_commands(commands)
-    return b"".join([_hiredis_pack(tuple(command)) for command in commands])
+def _fail(taken: list[Pending], exc: BaseException) -> None:
+    """Every awaiting caller of ``taken`` gets ``exc``; lost unawaited writes are counted."""
+    lost = sum(1 for _, _, future in taken if future is None)
+    if lost:
+        log.warning("%d unawaited redis writes lost: %s", lost, type(exc).__name__)
+    for _, _, future in taken:
+        if future is not None and not future.done():
+            future.set_exception(exc)
 
 
 def _log_errors(replies: list[Any]) -> None:

@@ -13,6 +13,7 @@ from gateway.stores import redis as redis_clients
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.embedded import free_port
 from gateway.stores.runtime import Runtime
+from tests.helpers import wait_until
 
 COUNTER = keys.brute("{autopipeline-test}", "counter")
 
@@ -53,6 +54,37 @@ async def test_one_callers_error_does_not_touch_the_others(runtime: Runtime) -> 
         return_exceptions=True)
     assert outcomes[0] == 1 and outcomes[2] == 2
     assert isinstance(outcomes[1], ResponseError)
+
+
+async def test_an_argument_redis_cannot_take_fails_only_its_caller(runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    outcomes = await asyncio.gather(
+        auto.execute("INCR", COUNTER),
+        auto.execute("SET", f"{COUNTER}:bad", {"a": 1}),
+        auto.execute("INCR", COUNTER),
+        return_exceptions=True)
+    assert outcomes[0] == 1 and outcomes[2] == 2
+    assert isinstance(outcomes[1], TypeError)
+    assert not await runtime.durable.exists(f"{COUNTER}:bad")
+
+
+@pytest.mark.single_instance
+async def test_a_cancelled_flusher_answers_every_caller(runtime: Runtime) -> None:
+    """Shutdown cancels the flusher mid-flush: the callers whose commands are on the wire and
+    those queued behind them get a connection error at once, instead of waiting forever."""
+    auto = AutoPipeline(runtime.durable)
+    on_wire = asyncio.ensure_future(auto.execute("BLPOP", f"{COUNTER}:never", 30))
+    await wait_until(lambda: auto._flusher is not None and auto.flushes == 1)
+    queued = asyncio.ensure_future(auto.execute("INCR", COUNTER))
+    await wait_until(lambda: len(auto._pending) == 1)  # queued behind the flush on the wire
+    flusher = auto._flusher
+    assert flusher is not None
+    flusher.cancel()
+    done, _ = await asyncio.wait([on_wire, queued], timeout=5)
+    assert {on_wire, queued} == done
+    for caller in (on_wire, queued):
+        assert isinstance(caller.exception(), RedisConnectionError)
+    assert await auto.execute("INCR", COUNTER) == 1  # a new flusher serves later callers
 
 
 async def test_unawaited_writes_go_out_with_the_next_flush(runtime: Runtime) -> None:
