@@ -29,7 +29,8 @@ _RENEW = (_DIR / "renew.lua").read_text()
 _RELEASE = (_DIR / "release.lua").read_text()
 
 # The fencing counter outlives any lease by far; it only has a TTL because every `lock:` key
-# must expire (key registry). After a week without any holder, restarting the count is harmless.
+# must expire (key registry). Every acquire and renew extends it, so it can only expire after
+# a week without any holder, when restarting the count is harmless.
 FENCE_TTL_MS = 7 * 24 * 3600 * 1000
 
 
@@ -77,8 +78,8 @@ async def acquire(redis: AnyRedis, name: str, holder: str, ttl: float) -> Lease 
 async def renew(redis: AnyRedis, lease: Lease) -> bool:
     """Extend the lease; ``False`` means it is lost (expired or taken) and must not be used."""
     started = time.monotonic()
-    ok = bool(await redis.eval(_RENEW, 1, lease_key(lease.name),
-                               lease.holder, str(lease.token), _ms(lease.ttl)))
+    ok = bool(await redis.eval(_RENEW, 2, lease_key(lease.name), fence_key(lease.name),
+                               lease.holder, str(lease.token), _ms(lease.ttl), FENCE_TTL_MS))
     if ok:
         lease.valid_until = started + lease.ttl
     else:

@@ -23,6 +23,25 @@ async def test_one_holder_and_tokens_grow(runtime: Runtime) -> None:
     assert await registry_violations(redis, "durable") == []
 
 
+async def test_a_long_lived_holder_keeps_the_fencing_counter_alive(runtime: Runtime) -> None:
+    """The counter's week-long TTL runs from the last renew or re-acquire, not from the first
+    acquire: otherwise one holder lasting a week would let the count restart at 1."""
+    redis = runtime.durable
+    lease = await leases.acquire(redis, "job", "a", 5)
+    assert lease is not None
+    week_ms = leases.FENCE_TTL_MS
+    await redis.pexpire(leases.fence_key("job"), 1000)  # as if six days and more had passed
+    assert await leases.renew(redis, lease)
+    assert await redis.pttl(leases.fence_key("job")) > week_ms - 60_000
+    await redis.pexpire(leases.fence_key("job"), 1000)
+    assert await leases.acquire(redis, "job", "a", 5) is not None  # a retried acquire
+    assert await redis.pttl(leases.fence_key("job")) > week_ms - 60_000
+    forged = leases.Lease("job", "b", lease.token, 5, lease.valid_until)
+    await redis.pexpire(leases.fence_key("job"), 1000)
+    assert not await leases.renew(redis, forged)  # a non-holder extends nothing
+    assert await redis.pttl(leases.fence_key("job")) <= 1000
+
+
 async def test_only_the_holder_renews_or_releases(runtime: Runtime) -> None:
     redis = runtime.durable
     lease = await leases.acquire(redis, "job", "a", 5)

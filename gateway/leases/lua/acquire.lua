@@ -8,6 +8,7 @@ if holder then
     return false
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   return redis.call('HGET', KEYS[1], 'token')
 end
 local token = redis.call('INCR', KEYS[2])
