@@ -117,18 +117,32 @@ class Settings:
 
 
 # env variable -> (settings field, parser). Order is the order errors are found in.
+def _check_ports(name: str, netloc: str) -> None:
+    """Every ``host:port`` of a URL's authority (cluster and sentinel URLs list several) has a
+    port of 1-65535: the client libraries would raise a bare ValueError much later."""
+    for host in filter(None, netloc.rpartition("@")[2].split(",")):
+        if host.endswith("]"):  # [IPv6] without a port
+            continue
+        _, colon, port = host.rpartition(":")
+        if colon and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(name, f"port {port[:20]!r} is not a number 1-65535")
+
+
 def _parse_redis_url(name: str, value: str) -> str:
-    scheme = urlsplit(value).scheme
-    if scheme not in REDIS_SCHEMES:
+    parts = urlsplit(value)
+    if parts.scheme not in REDIS_SCHEMES:
         raise ConfigError(name, f"must be a URL with scheme {', '.join(REDIS_SCHEMES)}")
-    if scheme in ("unix",) and not urlsplit(value).path:
+    if parts.scheme in ("unix",) and not parts.path:
         raise ConfigError(name, "unix:// URL needs a socket path")
+    _check_ports(name, parts.netloc)
     return value
 
 
 def _parse_pg_url(name: str, value: str) -> str:
-    if urlsplit(value).scheme not in ("postgresql", "postgres"):
+    parts = urlsplit(value)
+    if parts.scheme not in ("postgresql", "postgres"):
         raise ConfigError(name, "must be a postgresql:// URL")
+    _check_ports(name, parts.netloc)
     return value
 
 

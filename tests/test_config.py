@@ -23,6 +23,9 @@ def test_defaults_without_environment() -> None:
     ({"GATEWAY_DURABLE_URL": "http://x"}, "GATEWAY_DURABLE_URL"),
     ({"GATEWAY_CACHE_URL": "memcached://x"}, "GATEWAY_CACHE_URL"),
     ({"GATEWAY_DATABASE_URL": "mysql://x"}, "GATEWAY_DATABASE_URL"),
+    ({"GATEWAY_DURABLE_URL": "redis://:pw@127.0.0.1:sixty/0"}, "GATEWAY_DURABLE_URL"),
+    ({"GATEWAY_CACHE_URL": "redis+cluster://h1:7000,h2:70000/"}, "GATEWAY_CACHE_URL"),
+    ({"GATEWAY_DATABASE_URL": "postgresql://u@h:5x/db"}, "GATEWAY_DATABASE_URL"),
     ({"GATEWAY_LEASE_SECONDS": "0"}, "GATEWAY_LEASE_SECONDS"),
     ({"GATEWAY_DEDUP_TTL": "-5"}, "GATEWAY_DEDUP_TTL"),
     ({"GATEWAY_HEARTBEAT_SECONDS": "120"}, "GATEWAY_HEARTBEAT_SECONDS"),
@@ -79,6 +82,18 @@ def test_cli_config_error_is_one_line_without_traceback() -> None:
     lines = result.stderr.strip().splitlines()
     assert lines == ["gateway: configuration error: GATEWAY_PORT: must be an integer (got 'nope')"]
     assert "Traceback" not in result.stderr and "s3cr3t" not in result.stderr
+
+
+def test_cli_redis_url_with_a_bad_port_is_one_line_without_the_password() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "doctor"],
+        env={"GATEWAY_DURABLE_URL": "redis://:hunter2@127.0.0.1:63790x/0", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gateway: configuration error: GATEWAY_DURABLE_URL: port '63790x' is not a number 1-65535"]
+    assert "hunter2" not in result.stderr
 
 
 @pytest.mark.parametrize(("table", "wrong", "names"), [
