@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gateway import keys
 
 PLATFORMS = ("telegram", "slack", "mattermost")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,21 @@ class Incoming:
     team: str | None = None
 
     def __post_init__(self) -> None:
+        # PostgreSQL text holds neither NUL nor a lone surrogate: such a message would be
+        # acknowledged and then never stored. Keep it, with those characters replaced.
+        for name in ("chat", "thread", "user_id", "user_name", "text", "message_id", "team"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, storable(value))
         if self.platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {', '.join(PLATFORMS)}")
         if not self.chat:
             raise ValueError("chat must not be empty")
+
+
+def storable(text: str) -> str:
+    """``text`` with NUL and lone surrogates replaced by U+FFFD (PostgreSQL refuses both)."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def chat_key(incoming: Incoming) -> str:

@@ -48,6 +48,20 @@ async def rows(rt: Runtime, sql: str, *args: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in await rt.pg.fetch(sql, *args)]
 
 
+async def test_text_postgresql_cannot_hold_is_stored_with_replacement_characters(
+        fast_runtime: Runtime) -> None:
+    """A NUL or a lone surrogate (both reach us in JSON from the platforms) must not make an
+    acknowledged message unstorable: it is stored and answered, those characters replaced."""
+    out = Outbox()
+    await handle_incoming(fast_runtime, msg("pin\x00 1234 \ud800!", user_name="al\x00ice"),
+                          out)
+    assert out.texts == ["echo: pin\ufffd 1234 \ufffd! (1 messages)"]
+    stored = await rows(fast_runtime, "SELECT role, text, user_name FROM conversation_messages"
+                        " ORDER BY seq")
+    assert stored[0] == {"role": "user", "text": "pin\ufffd 1234 \ufffd!",
+                         "user_name": "al\ufffdice"}
+
+
 async def test_message_is_stored_fed_and_answered(fast_runtime: Runtime) -> None:
     out = Outbox()
     await handle_incoming(fast_runtime, msg("hello"), out)
