@@ -17,6 +17,9 @@ from typing import Any
 from gateway.inbound.signing import MalformedError
 
 _TITLE_FIELDS = ("title", "subject", "name", "type")
+# Deeper documents are refused at the door: Python's parser takes ~1,000 levels, but the
+# stages that encode the document again would fail on it for good (a dead letter).
+MAX_DEPTH = 64
 _URL_FIELDS = ("url", "html_url", "link")
 
 
@@ -42,8 +45,12 @@ def parse_json_text(body: bytes) -> tuple[str, Any]:
         raise MalformedError(f"body is not JSON: {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
     except RecursionError:
-        raise MalformedError("body is nested too deeply") from None
-    if "\\u" in text:  # only escapes can smuggle these in; skip the walk otherwise
+        raise MalformedError(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    # Cheap guards first: without enough brackets no nesting can be too deep, and only
+    # escapes can smuggle in what PostgreSQL refuses; the walks are skipped otherwise.
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_depth(value)
+    if "\\u" in text:
         _check_storable(value)
     return text, value
 
@@ -61,6 +68,17 @@ def _no_constant(literal: str) -> Any:
 
 # Built once: json.loads with hooks would build a new decoder per call.
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                raise MalformedError(f"body is nested deeper than {MAX_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 def _check_storable(value: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
@@ -84,6 +85,8 @@ async def test_priority_orders_the_queue(client: Any, runtime: Runtime) -> None:
     ({"document": DOC, "job_id": "has space"}, "job_id"),
     ({"document": DOC, "job_id": 7}, "job_id"),
     ({"document": DOC, "job_id": "webhook:demo:1"}, "job_id"),
+    ({"document": {"text": "x", "meta": functools.reduce(lambda v, _: [v], range(100), [])}},
+     "nested deeper"),
 ])
 async def test_invalid_jobs_are_400_and_write_nothing(client: Any, runtime: Runtime,
                                                       body: Any, fragment: str) -> None:

@@ -141,6 +141,9 @@ async def test_wrong_content_type_is_415(client: Any, runtime: Runtime) -> None:
     # PostgreSQL keeps neither; accepted, they would fail the store stage for good.
     (b'{"a": ["\\u0000"]}', "u0000"),
     (b'{"\\ud800": 1}', "unpaired surrogate"),
+    # Parsed fine, but the stages would fail on it for good: refused at the door.
+    (b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", "nested deeper"),
+    (b"[" * 1000 + b"]" * 1000, "nested deeper"),
 ])
 async def test_signed_but_malformed_body_is_400(client: Any, runtime: Runtime, body: bytes,
                                                 fragment: str) -> None:
