@@ -1,6 +1,7 @@
 """``gateway recover``: re-enqueue from the PostgreSQL run journal every item that has not
 finished the pipeline and is not present in Redis (e.g. after the durable instance was
-wiped). Each goes back at the first stage its journal lacks, with its journaled priority.
+wiped), unless its dead letter was purged since. Each goes back at the first stage its
+journal lacks, with its journaled priority.
 
 Safe to run at any time and more than once: ADD with ``force`` never duplicates an item still
 present in Redis, and a stage whose journal row already exists is acknowledged without
@@ -28,12 +29,17 @@ from gateway.stores.runtime import open_runtime
 log = logging.getLogger("gateway.pipeline")
 BATCH = 500
 
+# Unfinished: journaled, no graph row, and not purged since its last completion (a purged
+# dead letter was dropped on purpose; recovering it would undo the operator's decision).
 _UNFINISHED = """
-SELECT item_id, array_agg(stage) AS stages, min(priority) AS priority,
-       min(doc_type) AS doc_type
-FROM pipeline_journal WHERE item_id > $1
-GROUP BY item_id HAVING NOT bool_or(stage = 'graph')
-ORDER BY item_id LIMIT $2
+SELECT j.item_id, array_agg(j.stage) AS stages, min(j.priority) AS priority,
+       min(j.doc_type) AS doc_type
+FROM pipeline_journal j WHERE j.item_id > $1
+GROUP BY j.item_id
+HAVING NOT bool_or(j.stage = 'graph')
+   AND NOT EXISTS (SELECT 1 FROM pipeline_dead_letters d
+                   WHERE d.item_id = j.item_id AND d.archived_at >= max(j.completed_at))
+ORDER BY j.item_id LIMIT $2
 """
 
 

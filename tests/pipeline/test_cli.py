@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from gateway.pipeline import queue
+from gateway.pipeline import deadletter, queue
+from gateway.pipeline.recover import recover
 from gateway.pipeline.stages import dead_key, legacy_ready_key, ready_keys
 from gateway.pipeline.status import job_status, ready_items
 
@@ -66,6 +67,22 @@ async def test_recover_command_reports_and_requeues(runtime, servers):
     assert lease is not None and lease.item_id == "x" and (lease.base, lease.bonus) == (50, 3)
     assert (await job_status(runtime, "x"))["stages"] == {
         "store": "done", "chunk": "done", "embed": "running", "graph": "pending"}
+
+
+async def test_recover_leaves_purged_dead_letters_purged(runtime, servers):
+    """PURGE drops the item's meta; recover must not read that as "lost from Redis"."""
+    await runtime.pg.execute(
+        "INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)"
+        " VALUES ('gone', 'store', 'w', 'normal', 'other'),"
+        " ('kept', 'store', 'w', 'normal', 'other')")
+    await queue.enqueue_at(runtime.durable, "gone", "chunk", priority="normal", doc_type="other")
+    lease = await queue.fetch(runtime.durable, "chunk", "w", 60_000)
+    assert lease is not None and lease.item_id == "gone"
+    assert (await queue.fail(runtime.durable, lease, "broken", max_failures=1)).dead
+    assert await deadletter.purge(runtime, "chunk") == 1
+    report = await recover(runtime)
+    assert (report.scanned, report.requeued) == (1, 1)
+    assert await ready_items(runtime.durable, "chunk") == ["kept"]
 
 
 async def test_worker_refuses_a_bad_handler_setting(runtime, servers, tmp_path):
