@@ -286,7 +286,11 @@ class Hub:
                         state.name, type(exc).__name__)
 
     async def _poll(self) -> None:
-        """Wake every topic whose head moved without a signal reaching us."""
+        """Wake every topic whose head moved without a signal reaching us, and every topic
+        whose first read failed (it has no head to compare yet)."""
+        for state in self.topics.values():
+            if state.head is None:
+                self._wake(state)
         known = [s for s in self.topics.values() if s.head is not None]
         if not known:
             return

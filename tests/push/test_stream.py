@@ -291,3 +291,29 @@ async def test_rows_stay_in_order_when_a_stream_switches_between_direct_and_buff
     assert got_double[-1].id == "pipeline:20,conversation:a:0"
     single.close()
     double.close()
+
+
+async def test_a_topic_whose_first_head_read_failed_is_read_by_the_poll(
+        runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = await push_server(subscribe_timeout_seconds=0.3)
+    hub = hub_of(client)
+    real_heads, failed = feed.heads, []
+
+    async def heads_failing_once(pool: Any, topics: list[str]) -> Any:
+        if not failed:
+            failed.append(topics)
+            raise OSError("postgres went away for a moment")
+        return await real_heads(pool, topics)
+
+    # Signals up first: their coming up re-reads every topic, which would hide the bug.
+    await hub.subscribe(["other"])
+    await wait_until(lambda: hub.signals_up and hub.topics["other"].head is not None)
+    monkeypatch.setattr(feed, "heads", heads_failing_once)
+    sub = await hub.subscribe(["pipeline"])
+    assert failed == [["pipeline"]]
+    await wait_until(lambda: hub.topics["pipeline"].head is not None, timeout=10)
+    async with runtime.pg.acquire() as conn:  # a row without a signal: only a poll finds it
+        await feed.append(conn, "pipeline", "store", {"item_id": "late", "stage": "store"})
+    rows = await asyncio.wait_for(sub.take(), 10)
+    assert [row.payload["item_id"] for row in rows] == ["late"]
+    hub.unsubscribe(sub)
