@@ -233,17 +233,9 @@ class StageWorker:
         return rows, callbacks
 
     async def _publish(self, rows: list[feed.FeedRow]) -> None:
-        """Feed signals of committed rows, in one round trip (the push API takes any
-        client, a pipeline included); at-most-once: a failure is only logged."""
-        if not rows:
-            return
-        try:
-            async with self.runtime.cache.pipeline(transaction=False) as pipe:
-                for row in rows:
-                    await feed.publish(pipe, row)
-                await pipe.execute()
-        except Exception as exc:
-            log.warning("%s: %d feed signal(s) not sent: %s", self.stage, len(rows), exc)
+        """Feed signals of committed rows, in one round trip, behind the same guard as every
+        signal (bounded wait, skipped for a second after a failure; only logged)."""
+        await feed.publish_many(self.runtime.cache, rows)
 
     async def _complete(self, leases: list[queue.LeasedItem]) -> None:
         if not leases:

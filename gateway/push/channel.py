@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway import keys
@@ -56,25 +56,49 @@ PUBLISH_TIMEOUT_SECONDS = 1.0
 _down_until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
+# One signal: topic, offset, kind, epoch and the row's JSON (None: not carried).
+Signal = tuple[str, int, str, int, str | None]
+
+
 async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
                          epoch: int, row_wire: str | None = None) -> bool:
-    """PUBLISH on ``push:<topic>``. Pub/sub is at-most-once anyway, so a failure is logged
-    and swallowed: polling the feed cures a lost signal. Returns whether it was sent."""
+    """PUBLISH on ``push:<topic>``; see ``publish_signals``."""
+    return await publish_signals(cache, [(topic, offset, kind, epoch, row_wire)])
+
+
+async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
+    """PUBLISH each signal on its ``push:<topic>``, several in one round trip. Pub/sub is
+    at-most-once anyway, so a failure is logged and swallowed (polling the feed cures a lost
+    signal), and for a second after one this client skips publishing. Returns whether the
+    signals were sent."""
+    if not signals:
+        return True
     if _down_until.get(cache, 0.0) > time.monotonic():
-        metrics.SIGNALS.labels("skipped").inc()
+        metrics.SIGNALS.labels("skipped").inc(len(signals))
         return False
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-            await cache.publish(keys.push_channel(topic),
-                                signal_body(topic, offset, kind, epoch, row_wire))
-        metrics.SIGNALS.labels("sent").inc()
+            if len(signals) == 1:
+                await cache.publish(*_publish_args(signals[0]))
+            else:
+                async with cache.pipeline(transaction=False) as pipe:
+                    for signal in signals:
+                        pipe.publish(*_publish_args(signal))
+                    await pipe.execute()
+        metrics.SIGNALS.labels("sent").inc(len(signals))
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
-        metrics.SIGNALS.labels("failed").inc()
+        metrics.SIGNALS.labels("failed").inc(len(signals))
         _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
-        log.warning("push signal for %s:%s not sent (%s); skipping signals for %g s",
-                    topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
+        topic, offset = signals[0][:2]
+        log.warning("%d push signal(s) from %s:%s not sent (%s); skipping signals for %g s",
+                    len(signals), topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
         return False
+
+
+def _publish_args(signal: Signal) -> tuple[str, str]:
+    topic, offset, kind, epoch, row_wire = signal
+    return keys.push_channel(topic), signal_body(topic, offset, kind, epoch, row_wire)
 
 
 class SignalListener:

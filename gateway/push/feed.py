@@ -10,12 +10,13 @@ statement of their transaction: the topic stays locked until it commits.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from gateway.push.channel import publish_signal
+from gateway.push.channel import publish_signals
 from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
 from gateway.stores.redis import AnyRedis
 
@@ -109,7 +110,13 @@ async def publish(cache: AnyRedis, row: FeedRow) -> None:
     """Signal a committed row on ``push:<topic>``; a failure is logged and swallowed
     (pub/sub is at-most-once; clients poll the feed to cure a missed signal). A small row
     rides along in the signal, so the receiving hub need not read it back."""
-    await publish_signal(cache, row.topic, row.offset, row.kind, row.epoch, row.wire)
+    await publish_many(cache, [row])
+
+
+async def publish_many(cache: AnyRedis, rows: Sequence[FeedRow]) -> None:
+    """``publish`` for several committed rows, in one round trip."""
+    await publish_signals(cache, [(row.topic, row.offset, row.kind, row.epoch, row.wire)
+                                  for row in rows])
 
 
 async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -13,12 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gateway.app.worker import run_workers
 from gateway.pipeline import queue
 from gateway.pipeline.recover import recover
 from gateway.pipeline.stages import STAGES, deadline_key, stats_key
 from gateway.pipeline.worker import StageWorker, WorkerConfig
+from gateway.stores import redis as redis_clients
 from gateway.stores.runtime import open_runtime
 from tests.helpers import wait_until
 
@@ -191,3 +194,38 @@ async def test_script_flush_while_workers_run(runtime):
         await wait_until(lambda: _finished(runtime, len(ids)), timeout=60,
                          message="every item through graph")
     await _exactly_once(runtime, ids)
+
+
+@pytest.mark.single_instance
+async def test_a_stalled_cache_does_not_hold_up_the_workers(runtime, redis_factory):
+    """redis-cache SIGSTOPped: feed signals cannot go out, and each batch's PUBLISH must not
+    wait on them (bounded, then skipped for a while): every item still finishes its stages.
+    (Store and chunk only: embed's search-cache invalidation is another cache call.)"""
+    cache_server = redis_factory("cache")
+    cache = redis_clients.connect(cache_server.url, variable="GATEWAY_CACHE_URL")
+    stalled = replace(runtime, cache=cache)
+    assert await cache.ping()
+    assert cache_server.proc is not None
+    skipped_before = _signals("skipped")
+    os.kill(cache_server.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(12):
+            await queue.enqueue(runtime.durable, f"stall-{i}", {"text": f"document {i}"})
+        async with _workers(stalled, concurrency=2, stages=("store", "chunk")):
+            await wait_until(lambda: _chunked(runtime, 12), timeout=30,
+                             message="every item chunked while redis-cache is stalled")
+        # The batches behind the first timed-out PUBLISH skipped theirs instead of waiting.
+        assert _signals("skipped") > skipped_before
+    finally:
+        os.kill(cache_server.proc.pid, signal.SIGCONT)
+        await cache.aclose()
+
+
+def _signals(result: str) -> float:
+    return REGISTRY.get_sample_value("gateway_push_signals_total", {"result": result}) or 0.0
+
+
+async def _chunked(runtime, count: int) -> bool:
+    done = await runtime.pg.fetchval(
+        "SELECT count(*) FROM pipeline_journal WHERE stage = 'chunk'")
+    return bool(done == count)
