@@ -31,10 +31,28 @@ class Message:
                 "user_id": self.user_id, "user_name": self.user_name}
 
 
+# A busy chat is waited for in slices of this long, each ended by the server
+# (``lock_timeout``), so the pool's command timeout never cuts a wait short. The server
+# decides, so a slice that ends has taken nothing: no lock is left behind by a cancel.
+LOCK_SLICE_SECONDS = 10.0
+
+
 async def lock_chat(conn: asyncpg.Connection, incoming: Incoming) -> None:
     """Session advisory lock on the chat: one message of a chat at a time across every
-    process and replica. Released by :func:`unlock_chat` (or when the session ends)."""
-    await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", _lock_name(incoming))
+    process and replica, however long the message before it takes. Released by
+    :func:`unlock_chat` (or when the session ends)."""
+    name = _lock_name(incoming)
+    await conn.execute(f"SET lock_timeout = '{int(LOCK_SLICE_SECONDS * 1000)}ms'")
+    try:
+        while True:
+            try:
+                await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", name,
+                                   timeout=LOCK_SLICE_SECONDS + 10)
+                return
+            except asyncpg.LockNotAvailableError:
+                continue  # still busy: wait another slice
+    finally:
+        await conn.execute("RESET lock_timeout")
 
 
 async def unlock_chat(conn: asyncpg.Connection, incoming: Incoming) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway import keys
 from gateway.config import Settings
+from gateway.conversations import store
 from gateway.conversations.handlers import Context
 from gateway.conversations.service import (
     APOLOGY,
@@ -21,6 +22,7 @@ from gateway.conversations.service import (
 from gateway.outbound.errors import RetryLater
 from gateway.push import feed
 from gateway.stores.embedded import RedisServer
+from gateway.stores.postgres import create_pool
 from gateway.stores.runtime import Runtime, open_runtime
 from tests.helpers import registry_violations, wait_until
 
@@ -198,6 +200,34 @@ async def test_replicas_take_turns_on_one_chat(fast_settings: Settings,
         assert (user["role"], bot["role"]) == ("user", "bot")
         assert bot["reply_to"] == user["seq"] and bot["text"] == "re " + user["text"]
     assert out.texts == [m["text"] for m in messages[1::2]]  # sent in stored order
+
+
+async def test_a_chat_busy_for_longer_than_the_command_timeout_is_waited_for(
+        fast_settings: Settings, fast_runtime: Runtime, monkeypatch: Any) -> None:
+    """Another replica holds the chat (a slow reply) for longer than this pool's command
+    timeout: the message waits its turn and is answered, it is not dropped."""
+    monkeypatch.setattr(store, "LOCK_SLICE_SECONDS", 0.2, raising=False)
+    assert fast_settings.database_url
+    short = await create_pool(fast_settings.database_url, max_size=4, command_timeout=0.5)
+    replica = dataclasses.replace(fast_runtime, pg=short)
+    incoming, out = msg("waited"), Outbox()
+    try:
+        async with fast_runtime.pg.acquire() as other:  # the other replica, mid-reply
+            await store.lock_chat(other, incoming)
+            waiting = asyncio.create_task(ConversationService(replica).handle(incoming, out))
+            await wait_until(lambda: _waits_on_advisory_lock(fast_runtime), timeout=5)
+            done, _ = await asyncio.wait([waiting], timeout=1.5)  # three command timeouts
+            assert not done, "the waiting message gave up"
+            await store.unlock_chat(other, incoming)
+        await asyncio.wait_for(waiting, 10)
+        assert out.texts == ["echo: waited (1 messages)"]
+    finally:
+        await short.close()
+
+
+async def _waits_on_advisory_lock(rt: Runtime) -> bool:
+    return bool(await rt.pg.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
 
 
 async def test_one_process_keeps_arrival_order(fast_runtime: Runtime) -> None:
