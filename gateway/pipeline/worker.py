@@ -161,12 +161,22 @@ class StageWorker:
             if stopper:
                 stopper.cancel()
         done = [lease for lease in leases if lease.item_id not in errors]
-        # Both after the commit, independent of each other: two stores, one wait.
-        await asyncio.gather(self._complete(done), self._publish(rows))
+        # Everything below follows a commit that stands, so each step happens whatever the
+        # others do; the first Redis error is raised at the end (the loop backs off, and
+        # RECLAIM returns what could not be acknowledged).
+        redis_errors: list[Exception] = []
+        # COMPLETE and the signals are independent of each other: two stores, one wait.
+        try:
+            await asyncio.gather(self._complete(done), self._publish(rows))
+        except Exception as exc:
+            redis_errors.append(exc)
         outage = [lease for lease in leases if _is_outage(errors.get(lease.item_id))]
         for lease in leases:
             if lease.item_id in errors and lease not in outage:
-                await self._fail(lease, errors[lease.item_id])
+                try:
+                    await self._fail(lease, errors[lease.item_id])
+                except Exception as exc:
+                    redis_errors.append(exc)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 await callback()
@@ -175,6 +185,8 @@ class StageWorker:
             # (no failure counted) and let the loop back off.
             await self._release(outage)
             raise StoreOutage(f"PostgreSQL unreachable: {errors[outage[0].item_id]}")
+        if redis_errors:
+            raise redis_errors[0]
 
     async def _run(self, leases: list[queue.LeasedItem]) -> tuple[
             dict[str, BaseException], list[feed.FeedRow], list[Any]]:

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 
 import asyncpg
+import pytest
+from redis.exceptions import ResponseError
 
 from gateway.app.worker import run_workers
 from gateway.knowledge.stages import DEFAULTS
@@ -14,7 +16,7 @@ from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import STAGES, dead_key, meta_key
 from gateway.pipeline.status import job_status, queue_depths
-from gateway.pipeline.worker import WorkerConfig
+from gateway.pipeline.worker import StageWorker, WorkerConfig
 from tests.helpers import registry_violations, wait_until
 
 FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
@@ -177,3 +179,38 @@ async def test_postgres_outage_releases_items_without_counting_failures(runtime)
     lease = await queue.fetch(runtime.durable, "store", "w", 60_000)
     assert lease is not None and lease.failures == 0 and lease.reclaims == 0
     assert await runtime.durable.llen(dead_key("store")) == 0
+
+
+async def test_a_failed_complete_still_runs_the_batchs_fails_and_after_commit_work(
+        runtime, monkeypatch):
+    """COMPLETE fails after the commit (here: once, an error reply): the batch's failed item
+    is still FAILed and the committed items' after-commit callbacks still run."""
+    ran: list[str] = []
+
+    async def handler(ctx: StageContext) -> None:
+        if ctx.item_id == "bad":
+            raise RuntimeError("broken document")
+        ctx.after_commit.append(lambda: _note(ran, ctx.item_id))
+
+    real_complete = queue.complete_many
+
+    async def complete_failing_once(durable, leases):
+        monkeypatch.setattr(queue, "complete_many", real_complete)
+        raise ResponseError("MISCONF simulated")
+
+    for item_id in ("good", "bad"):
+        await queue.enqueue(runtime.durable, item_id, {"text": item_id})
+    leases = await queue.fetch_many(runtime.durable, "store", "w", 60_000, 2)
+    assert len(leases) == 2
+    monkeypatch.setattr(queue, "complete_many", complete_failing_once)
+    worker = StageWorker(runtime, "store", handler, FAST)
+    with pytest.raises(ResponseError):
+        await worker.process(leases)
+    assert ran == ["good"]
+    assert (await job_status(runtime, "bad"))["stages"]["store"] == "retrying"
+    # "good" is journaled but unacknowledged: RECLAIM returns it and it is only acknowledged.
+    assert await _journal_count(runtime, "store") == 1
+
+
+async def _note(ran: list[str], item_id: str) -> None:
+    ran.append(item_id)
