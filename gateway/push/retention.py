@@ -23,34 +23,57 @@ from gateway.stores.redis import AnyRedis
 log = logging.getLogger("gateway.push")
 _RETENTION_LOCK = 0x67777066  # one process trims at a time; the others skip the round
 
-_TRIM = """
-WITH cut AS (
-    SELECT t.topic,
-           GREATEST(
-               t.last_offset - $2::bigint,
-               COALESCE((SELECT max(f."offset") FROM feed f
-                         WHERE f.topic = t.topic
-                           AND f.created_at < clock_timestamp() - make_interval(secs => $1)), 0)
-           ) AS upto
-    FROM feed_topics t
-), moved AS (
-    UPDATE feed_topics t SET trimmed_through = cut.upto
-    FROM cut WHERE t.topic = cut.topic AND cut.upto > t.trimmed_through
-    RETURNING t.topic, t.trimmed_through
-)
-DELETE FROM feed f USING moved
-WHERE f.topic = moved.topic AND f."offset" <= moved.trimmed_through
+# Rows deleted per transaction. Moving ``trimmed_through`` locks the topic's counter row,
+# which every writer of the topic needs: each step holds it for one bounded DELETE only.
+TRIM_BATCH = 1000
+
+_CUTS = """
+SELECT t.topic, t.trimmed_through,
+       GREATEST(
+           t.last_offset - $2::bigint,
+           COALESCE((SELECT max(f."offset") FROM feed f
+                     WHERE f.topic = t.topic
+                       AND f.created_at < clock_timestamp() - make_interval(secs => $1)), 0)
+       ) AS upto
+FROM feed_topics t
+"""
+# One step: move the cut (only from where this pass saw it: a reset in between wins), then
+# delete the rows it passed, in one short transaction.
+_MOVE_CUT = """
+UPDATE feed_topics SET trimmed_through = $3 WHERE topic = $1 AND trimmed_through = $2
+"""
+_DELETE_UPTO = """
+DELETE FROM feed WHERE topic = $1 AND "offset" > $2 AND "offset" <= $3
 """
 
 
 async def trim(pool: asyncpg.Pool, *, max_age_seconds: float, max_rows: int) -> int:
     """Delete rows older than ``max_age_seconds`` or beyond the newest ``max_rows`` of their
-    topic (as a prefix); returns how many rows went."""
-    async with pool.acquire() as conn, conn.transaction():
-        if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", _RETENTION_LOCK):
+    topic (as a prefix), ``TRIM_BATCH`` rows per transaction; returns how many rows went."""
+    removed = 0
+    async with pool.acquire() as conn:
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _RETENTION_LOCK):
             return 0
-        status = await conn.execute(_TRIM, float(max_age_seconds), int(max_rows))
-    return int(status.split()[-1])
+        try:
+            for cut in await conn.fetch(_CUTS, float(max_age_seconds), int(max_rows)):
+                removed += await _trim_topic(conn, cut["topic"], cut["trimmed_through"],
+                                             cut["upto"])
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _RETENTION_LOCK)
+    return removed
+
+
+async def _trim_topic(conn: asyncpg.Connection, topic: str, done: int, upto: int) -> int:
+    removed = 0
+    while done < upto:
+        step = min(upto, done + TRIM_BATCH)
+        async with conn.transaction():
+            if await conn.execute(_MOVE_CUT, topic, done, step) != "UPDATE 1":
+                return removed  # reset meanwhile: the cut starts again from there
+            status = await conn.execute(_DELETE_UPTO, topic, done, step)
+        removed += int(status.split()[-1])
+        done = step
+    return removed
 
 
 async def reset(pool: asyncpg.Pool, cache: AnyRedis, topic: str) -> int:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -145,3 +148,54 @@ async def test_retention_by_age_trims_a_prefix_only(runtime: Runtime) -> None:
     assert page.trimmed_through == 5 and [r.offset for r in page.rows] == [6]
     assert len((await feed.read(runtime.pg, "conversation:keep", 0, 10))[1]) == 1
     assert await trim(runtime.pg, max_age_seconds=86400, max_rows=1000) == 0  # idempotent
+
+
+
+class _RecordingConnection:
+    """An asyncpg connection that notes each transaction and each DELETE's row count."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.events: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def transaction(self) -> Any:
+        self.events.append("begin")
+        return self._conn.transaction()
+
+    async def execute(self, query: str, *args: Any) -> str:
+        status: str = await self._conn.execute(query, *args)
+        if query.lstrip().startswith("DELETE"):
+            self.events.append(status)
+        return status
+
+
+class _RecordingPool:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.connections: list[_RecordingConnection] = []
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[_RecordingConnection]:
+        async with self.pool.acquire() as conn:
+            self.connections.append(_RecordingConnection(conn))
+            yield self.connections[-1]
+
+
+async def test_retention_trims_a_backlog_in_bounded_steps(runtime: Runtime, monkeypatch) -> None:
+    """Each step is its own short transaction holding the topic's counter row for one
+    bounded DELETE, so writers of the topic get in between steps."""
+    from gateway.push import retention
+
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        for _ in range(25):
+            await feed.append(conn, "pipeline", "store", {})
+    monkeypatch.setattr(retention, "TRIM_BATCH", 7)
+    pool = _RecordingPool(runtime.pg)
+    assert await retention.trim(pool, max_age_seconds=86400, max_rows=5) == 20
+    (recorded,) = pool.connections
+    assert recorded.events == ["begin", "DELETE 7", "begin", "DELETE 7", "begin", "DELETE 6"]
+    page = await feed.read_page(runtime.pg, "pipeline", 0, 100)
+    assert page.trimmed_through == 20 and [r.offset for r in page.rows] == list(range(21, 26))
