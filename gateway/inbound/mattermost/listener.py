@@ -266,7 +266,10 @@ class Listener:
             for channel_id in await client.my_channel_ids():
                 since = seen.get(channel_id, floor_ms + margin_ms) - margin_ms
                 for post in await client.posts_since(channel_id, since):
-                    self._spawn(self._process(client, lease, post))
+                    # ``since`` also returns posts *edited* since: an old post whose claim
+                    # has expired would be answered a second time.
+                    if post.create_at >= since:
+                        self._spawn(self._process(client, lease, post))
         except _NETWORK_ERRORS as exc:
             log.warning("mattermost catch-up incomplete (next reconnect retries): %s", exc)
 

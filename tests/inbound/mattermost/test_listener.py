@@ -396,3 +396,20 @@ async def test_a_claim_of_the_current_lease_is_not_taken_over(
         release.set()
         await fake.wait_for_replies(1)
     assert fake.reply_messages() == ["echo: slow one"]
+
+
+async def test_catch_up_leaves_posts_that_were_only_edited_since(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    """The REST ``since`` query returns posts created *or edited* since: a post from before
+    the catch-up window, edited now, has no claim any more (the window is longer than the
+    dedup TTL in real life) and must not be answered again."""
+    fake = fake_mattermost
+    old = fake.make_post("general", "asked last week, edited today")
+    old["create_at"] -= 7 * 24 * 3600 * 1000
+    fake.make_post("general", "a recent question")  # proves the catch-up ran
+    async with running(runtime):
+        await wait_until(lambda: "echo: a recent question" in fake.reply_messages(),
+                         timeout=5, message="catch-up answered the recent post")
+    # The listener has drained every post it took up: the old one was never claimed.
+    assert fake.reply_messages() == ["echo: a recent question"]
+    assert await runtime.durable.get(keys.dedup_mattermost_post(old["id"])) is None
