@@ -100,6 +100,12 @@ async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
     return stop.is_set()
 
 
+# A post whose claim or handling failed is tried again this many times while the socket
+# stays up (delays as the reconnect backoff's); at most this many are remembered per channel.
+RETRY_ATTEMPTS = 5
+MAX_UNSETTLED = 1000
+
+
 class Listener:
     def __init__(self, runtime: Runtime, config: ListenerConfig, handler: PostHandler,
                  *, instance: str | None = None) -> None:
@@ -111,6 +117,9 @@ class Listener:
         self.bot_user_id = ""
         self.lease: leases.Lease | None = None  # set while this replica is the active one
         self._last_seen: dict[str, int] = {}
+        # Posts whose claim or handling failed, per channel: post id -> (create_at, attempts).
+        # A catch-up starts no later than the oldest of them; each is also retried on its own.
+        self._unsettled: dict[str, dict[str, tuple[int, int]]] = {}
         self._user_names: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config.max_concurrent)
@@ -256,7 +265,7 @@ class Listener:
             return
         post = posted_post(event)
         if post is not None:
-            self._spawn(self._process(client, lease, post))
+            self._spawn_post(client, lease, post)
 
     async def _catch_up(self, client: MattermostClient, lease: leases.Lease,
                         seen: dict[str, int], floor_ms: int) -> None:
@@ -264,30 +273,59 @@ class Listener:
         margin_ms = int(self.config.catchup_margin * 1000)
         try:
             for channel_id in await client.my_channel_ids():
-                since = seen.get(channel_id, floor_ms + margin_ms) - margin_ms
+                unsettled = [at for at, _ in self._unsettled.get(channel_id, {}).values()]
+                since = min([seen.get(channel_id, floor_ms + margin_ms), *unsettled]) - margin_ms
                 for post in await client.posts_since(channel_id, since):
                     # ``since`` also returns posts *edited* since: an old post whose claim
                     # has expired would be answered a second time.
                     if post.create_at >= since:
-                        self._spawn(self._process(client, lease, post))
+                        self._spawn_post(client, lease, post)
         except _NETWORK_ERRORS as exc:
             log.warning("mattermost catch-up incomplete (next reconnect retries): %s", exc)
 
     # --- one post ----------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(self._bounded(coro))
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn_post(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+        self._spawn(self._bounded(client, lease, post))
+
+    async def _bounded(self, client: MattermostClient, lease: leases.Lease,
+                       post: Post) -> None:
         async with self._slots:
             try:
-                await coro
-            except RedisError as exc:  # the post stays unclaimed: a later catch-up takes it
-                log.warning("mattermost: redis-durable failed while handling a post: %s", exc)
+                settled = await self._process(client, lease, post)
+            except RedisError as exc:  # the post stays unclaimed: retried, and caught up
+                log.warning("mattermost post %s: redis-durable failed: %s", post.id, exc)
+                settled = False
             except Exception:
-                log.exception("mattermost: handling a post failed")
+                log.exception("mattermost post %s: handling failed", post.id)
+                settled = False
+        if settled:
+            self._unsettled.get(post.channel_id, {}).pop(post.id, None)
+        else:
+            self._retry_later(client, lease, post)
+
+    def _retry_later(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+        """Try a failed post again while the socket stays up (no catch-up would come), a few
+        times with growing delays; the next catch-up still starts before it after that."""
+        channel = self._unsettled.setdefault(post.channel_id, {})
+        _, attempts = channel.get(post.id, (post.create_at, 0))
+        channel[post.id] = (post.create_at, attempts + 1)
+        if attempts >= RETRY_ATTEMPTS or len(channel) > MAX_UNSETTLED:
+            if len(channel) > MAX_UNSETTLED:  # bounded: the oldest stays as catch-up start
+                del channel[max(channel, key=lambda pid: channel[pid][0])]
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(min(self.config.backoff_max,
+                                    self.config.backoff_initial * 2 ** attempts))
+            self._spawn_post(client, lease, post)
+
+        self._spawn(later())
 
     async def _drain(self) -> None:
         """Let posts in flight finish (bounded), then cancel what is left."""
@@ -300,25 +338,23 @@ class Listener:
         return (post.user_id != self.bot_user_id and not post.type.startswith("system_")
                 and not post.delete_at and bool(post.message.strip()))
 
-    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> bool:
+        """Answer one post once; False when it is left unanswered and unclaimed (a store or
+        the handler failed), so it must be tried again."""
         seen = self._last_seen.get(post.channel_id, 0)
         self._last_seen[post.channel_id] = max(seen, post.create_at)
         if not self._wanted(post):
-            return
+            return True
         durable, ttl = self.runtime.durable, self.config.dedup_ttl
         key, holder = keys.dedup_mattermost_post(post.id), f"lease-{lease.token}"
-        try:
-            claim: claims.Claim | None = await claims.claim(durable, key, ttl, holder)
-            if claim is not None and not claim.claimed:
-                claim = await self._take_over(client, lease, post, key)
-        except RedisError as exc:
-            log.warning("mattermost post %s left for catch-up: %s", post.id, exc)
-            return
+        claim: claims.Claim | None = await claims.claim(durable, key, ttl, holder)
+        if claim is not None and not claim.claimed:
+            claim = await self._take_over(client, lease, post, key)
         if claim is None or not claim.claimed:
-            return
+            return True  # answered, or being answered, elsewhere
         if not await leases.holds(durable, lease):
             await claims.release(durable, claim)
-            return
+            return True  # no longer ours to answer: the successor's catch-up takes it
         sent = 0
 
         async def send(text: str) -> None:
@@ -338,11 +374,13 @@ class Listener:
                     await claims.release(durable, claim)
             if isinstance(exc, Exception):
                 log.exception("mattermost post %s: handler failed", post.id)
-            elif not isinstance(exc, LeaseLost):
+                return bool(sent)
+            if not isinstance(exc, LeaseLost):
                 raise
-            return
+            return True
         with contextlib.suppress(RedisError):
             await claims.mark_done(durable, claim, ttl)
+        return True
 
     async def _take_over(self, client: MattermostClient, lease: leases.Lease, post: Post,
                          key: str) -> claims.Claim | None:

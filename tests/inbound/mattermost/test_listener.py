@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway import keys
 from gateway.config import ConfigError, Settings
@@ -413,3 +414,26 @@ async def test_catch_up_leaves_posts_that_were_only_edited_since(
     # The listener has drained every post it took up: the old one was never claimed.
     assert fake.reply_messages() == ["echo: a recent question"]
     assert await runtime.durable.get(keys.dedup_mattermost_post(old["id"])) is None
+
+
+async def test_a_post_whose_claim_failed_is_answered_while_the_socket_stays_up(
+        runtime: Runtime, fake_mattermost: FakeMattermost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-durable refuses the claim once: the post is tried again on its own, without
+    waiting for a reconnect's catch-up (none comes while the socket stays up)."""
+    fake = fake_mattermost
+    real_claim, refused = claims.claim, []
+
+    async def claim_refused_once(durable: Any, key: str, *args: Any) -> Any:
+        if not refused:
+            refused.append(key)
+            raise RedisConnectionError("redis-durable went away for a moment")
+        return await real_claim(durable, key, *args)
+
+    async with running(runtime):
+        await fake.wait_for_sockets(1)
+        monkeypatch.setattr(claims, "claim", claim_refused_once)
+        post = await fake.create_post("general", "asked during a blip")
+        await fake.wait_for_replies(1, timeout=10)
+        assert refused == [keys.dedup_mattermost_post(post["id"])]
+        assert fake.ws_connections == 1  # answered on the same socket, not by a catch-up
+    assert fake.reply_messages() == ["echo: asked during a blip"]
