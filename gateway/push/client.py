@@ -112,14 +112,20 @@ class PushClient:
         self._task = asyncio.create_task(self._run())
         return self
 
+    # Waits use ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11 wait_for can
+    # swallow a cancellation that arrives as its awaitable completes (a row came in just as
+    # the block was left, or the caller's own timeout fired), and the client then lives on.
+
     async def wait_connected(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._connected.wait()
 
     async def get(self, timeout: float | None = None) -> FeedRow:
         """The next row (waits up to ``timeout`` seconds, then raises TimeoutError)."""
         if self._task is not None and self._task.done() and self._out.empty():
             self._task.result()  # re-raise what stopped the client
-        return await asyncio.wait_for(self._out.get(), timeout)
+        async with asyncio.timeout(timeout):
+            return await self._out.get()
 
     def __aiter__(self) -> AsyncIterator[FeedRow]:
         return self._iterate()
@@ -129,10 +135,15 @@ class PushClient:
             yield await self.get()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        task = self._task
+        while task is not None and not task.done():
+            # Again until it ends: a library may turn one cancellation into another error
+            # and carry on. (A cancel of close() itself still ends close at this wait.)
+            task.cancel()
+            await asyncio.wait([task], timeout=1.0)
+        if task is not None and not task.cancelled():
+            with contextlib.suppress(Exception):
+                task.result()
         if self._own_session and self._session is not None:
             await self._session.close()
 
@@ -200,7 +211,8 @@ class PushClient:
         try:
             while True:
                 try:
-                    event = await asyncio.wait_for(events.get(), self.poll_seconds)
+                    async with asyncio.timeout(self.poll_seconds):
+                        event = await events.get()
                 except TimeoutError:
                     # Silence past a poll interval: maybe signals are lost. Ask the feed.
                     silent += self.poll_seconds

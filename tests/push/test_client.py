@@ -4,6 +4,7 @@ whatever happens to the signals, the connection or redis-cache."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from typing import Any
@@ -147,3 +148,39 @@ async def test_a_cursor_behind_retention_reports_the_lost_range(
     assert lost == [("pipeline", 3, 7)]
     page = await feed.read_page(runtime.pg, "pipeline", 0, 100)
     assert page.trimmed_through == 7 and [r.offset for r in page.rows] == [8, 9, 10]
+
+
+@pytest.mark.parametrize("leave_after", ["start", "connected", "first_row", "rows_flowing",
+                                         "idle", "caller_timeout"])
+async def test_leaving_the_block_at_any_point_ends_the_client_at_once(
+        runtime: Runtime, push_server: Any, leave_after: str) -> None:
+    """However the ``async with`` is left, the client ends within a deadline (on Python 3.11
+    ``asyncio.wait_for`` could swallow the cancel when a row arrived at the same moment), and
+    a caller's own timeout around ``get`` is honoured."""
+    server = await push_server()
+    writer: asyncio.Task[None] | None = None
+    if leave_after in ("first_row", "rows_flowing", "caller_timeout"):
+        writer = asyncio.create_task(_write(runtime, "pipeline", 400, pause=0.002))
+    try:
+        async with asyncio.timeout(15) as deadline:  # the test's deadline for the whole life
+            async with PushClient(base_url(server), ["pipeline"], since={"pipeline": 0},
+                                  poll_seconds=0.2) as client:
+                if leave_after != "start":
+                    await client.wait_connected()
+                if leave_after == "first_row":
+                    await client.get(10)
+                elif leave_after == "rows_flowing":
+                    await _collect(client, 50)
+                elif leave_after == "caller_timeout":
+                    await _collect(client, 5)
+                    for _ in range(20):  # rows keep arriving while our timeouts fire
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(0.001):
+                                await client.get()
+            assert client._task is not None and client._task.done()
+        assert not deadline.expired(), "the client outlived the block (and ate our timeout)"
+    finally:
+        if writer is not None:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
