@@ -48,7 +48,7 @@ REGISTRY: tuple[Row, ...] = (
     Row("dedup:slack-event:", "one Slack event_id, one answer", "durable", "24 h", "slack"),
     Row("dedup:telegram-update:", "one Telegram update_id per bot, one answer",
         "durable", "24 h", "telegram"),
-    Row("dedup:job:", "one job_id enqueue, one run", "durable", "~24 h after success",
+    Row("dedup:job:", "one job_id enqueue, one run", "durable", "24 h (GATEWAY_DEDUP_TTL)",
         "pipeline"),
     Row("dedup:mattermost-post:", "one Mattermost post id, one answer", "durable", "24 h",
         "mattermost"),

@@ -47,7 +47,8 @@ class Intake(enum.Enum):
 
 
 class Intaker:
-    """Submits items for one Redis client; ``ttl`` is the dedup window of the claims."""
+    """Submits items for one Redis client; ``ttl`` is the dedup window, of the claims and of
+    ADD alike: an id is a duplicate for ``ttl`` seconds, then a new item."""
 
     def __init__(self, auto: AutoPipeline, ttl: int) -> None:
         self.auto = auto
@@ -56,6 +57,7 @@ class Intaker:
         self._add = scripts.add
         self._claim_add = scripts.claim_add
         self._ttl_arg = str(ttl)
+        self._window_arg = str(ttl * 1000)
         # One script when the claim and the item share one keyspace; tests switch it off to
         # drive the cluster's two-command path on a single instance.
         self.atomic = not auto.cluster
@@ -66,7 +68,8 @@ class Intaker:
                      priority: str = "normal", doc_type: str = "other") -> Intake:
         """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue
         ``document`` (a dict, or its JSON already encoded)."""
-        add_keys, add_args = add_call(item_id, document, priority, doc_type)
+        add_keys, add_args = add_call(item_id, document, priority, doc_type,
+                                      window=self._window_arg)
         if claim_key is not None and self.atomic:
             added = await self._claim_and_add([*add_keys, claim_key], [*add_args, self._ttl_arg])
         else:

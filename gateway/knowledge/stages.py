@@ -19,17 +19,28 @@ _MENTION = re.compile(r"(?<![\w@])@([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})")
 _TAG = re.compile(r"(?<![\w#&])#([A-Za-z][A-Za-z0-9_-]{0,63})")
 
 
+# Store starts a run: an earlier run of the item id (accepted again after its dedup window)
+# is replaced whole, its derived rows with its document, in one statement.
+_STORE = """
+WITH chunks AS (DELETE FROM pipeline_chunks WHERE item_id = $1),
+     edges AS (DELETE FROM pipeline_edges WHERE item_id = $1)
+INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body, document)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
+ON CONFLICT (item_id) DO UPDATE SET priority = EXCLUDED.priority,
+    doc_type = EXCLUDED.doc_type, title = EXCLUDED.title, url = EXCLUDED.url,
+    body = EXCLUDED.body, document = EXCLUDED.document, stored_at = now()
+"""
+
+
 async def store(ctx: StageContext) -> None:
-    """Persist the document (idempotent on item_id)."""
+    """Persist the document (a new run of the item id replaces the earlier one's)."""
     doc = ctx.document
     if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
         raise PermanentError("document needs a string field 'text'")
     title, url = doc.get("title"), doc.get("url")
-    await ctx.conn.execute(
-        "INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body,"
-        " document) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT (item_id) DO NOTHING",
-        ctx.item_id, ctx.priority, ctx.doc_type, title if isinstance(title, str) else None,
-        url if isinstance(url, str) else None, doc["text"], doc)
+    await ctx.conn.execute(_STORE, ctx.item_id, ctx.priority, ctx.doc_type,
+                           title if isinstance(title, str) else None,
+                           url if isinstance(url, str) else None, doc["text"], doc)
 
 
 def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:

@@ -86,9 +86,11 @@ _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TR
 
 
 def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str = "normal",
-             doc_type: str = "other", *, stage: str = "store",
-             force: bool = False) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``."""
+             doc_type: str = "other", *, stage: str = "store", force: bool = False,
+             window: str = _WINDOW_ARG) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``.
+    ``window`` is the dedup window in milliseconds, as text (the inbound routes pass
+    ``GATEWAY_DEDUP_TTL``'s, so the claim and ADD agree)."""
     if not item_id or not isinstance(item_id, str):
         raise ValueError("item_id must be a non-empty string")
     try:
@@ -104,7 +106,7 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
         payload = document
     else:
         payload = _ENCODE(document)
-    args = [item_id, payload, base, bonus, _WINDOW_ARG, "1" if force else "0", stage,
+    args = [item_id, payload, base, bonus, window, "1" if force else "0", stage,
             _EPOCH_ARG, _TRIM_ARG]
     return keys, args
 

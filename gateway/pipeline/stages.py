@@ -14,6 +14,8 @@ RECLAIM_BASE = 10
 TYPE_BONUS = {"api_docs": 5, "code": 3, "other": 0}
 # Fixed EPOCH of the stored score base - bonus + 0.001 * (t - EPOCH): 2026-01-01T00:00:00Z.
 EPOCH_MS = 1_767_225_600_000
+# ADD's window for callers that pass none (``queue.enqueue``); the inbound routes pass
+# GATEWAY_DEDUP_TTL's, so the claim and ADD agree on one window.
 DEDUP_WINDOW_MS = 7 * 24 * 3600 * 1000
 # Buckets of the dedup window: each stays a listpack (<= 128 entries by Redis's default
 # hash-max-listpack-entries) while a week holds fewer than ~128 x SEEN_BUCKETS items;
@@ -34,7 +36,7 @@ def check_stage(stage: str) -> str:
 
 # Pipeline-wide keys.
 def seen_key(item_id: str) -> str:
-    """HASH item -> first-seen ms for the 7-day dedup window: one of ``SEEN_BUCKETS`` small
+    """HASH item -> first-seen ms for the dedup window: one of ``SEEN_BUCKETS`` small
     hashes chosen by CRC-32 of the item id, so each stays listpack-encoded (~30 bytes an
     entry instead of ~107 in one big sorted set). ADD checks expiry against Redis TIME and
     trims a bounded sample of its bucket."""

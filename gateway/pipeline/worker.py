@@ -25,7 +25,7 @@ import asyncpg
 from gateway.config import Settings, positive_numbers
 from gateway.pipeline import metrics, queue
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
-from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS, next_stage
+from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
 from gateway.push import feed
 
 log = logging.getLogger("gateway.pipeline")
@@ -33,6 +33,9 @@ log = logging.getLogger("gateway.pipeline")
 FEED_TOPIC = "pipeline"
 _PRIORITY_NAME = {v: k for k, v in PRIORITY_BASE.items()}
 _TYPE_NAME = {v: k for k, v in TYPE_BONUS.items()}
+# Clocks of Redis (first-seen times) and PostgreSQL (journal times) may differ by this much.
+RUN_SKEW_MS = 60_000
+
 _JOURNAL = """
 INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)
 SELECT item_id, $2, $3, priority, doc_type
@@ -223,6 +226,10 @@ class StageWorker:
             fresh = {r["item_id"] for r in await conn.fetch(
                 _JOURNAL, [lease.item_id for lease in leases], self.stage, self.name,
                 [p for p, _ in names], [t for _, t in names])}
+            if self.stage == STAGES[0] and len(fresh) < len(leases):
+                fresh |= await self._new_runs(conn, [(lease, name) for lease, name
+                                                     in zip(leases, names, strict=True)
+                                                     if lease.item_id not in fresh])
             done = []
             for lease, (priority, doc_type) in zip(leases, names, strict=True):
                 if lease.item_id not in fresh:
@@ -248,6 +255,32 @@ class StageWorker:
         """Feed signals of committed rows, in one round trip, behind the same guard as every
         signal (bounded wait, skipped for a second after a failure; only logged)."""
         await feed.publish_many(self.runtime.cache, rows)
+
+    async def _new_runs(self, conn: asyncpg.Connection,
+                        held: list[tuple[queue.LeasedItem, tuple[str, str]]]) -> set[str]:
+        """Of the first stage's items whose journal row exists, those accepted again after
+        their dedup window: their rows are an earlier run's, finished before this run was
+        first seen (Redis time, with a margin for clock skew), so they are dropped and the
+        stages run again. Rows written after this run's first-seen time are a redo of this
+        run (a holder committed, then died) and are only acknowledged."""
+        ids = [lease.item_id for lease, _ in held]
+        seen = await asyncio.gather(*(self.runtime.durable.hget(seen_key(i), i) for i in ids))
+        rows = await conn.fetch(
+            "SELECT item_id, extract(epoch FROM max(completed_at)) * 1000 AS at"
+            " FROM pipeline_journal WHERE item_id = ANY($1::text[]) GROUP BY item_id", ids)
+        done_at = {r["item_id"]: float(r["at"]) for r in rows}
+        earlier = [(lease, name) for (lease, name), first in zip(held, seen, strict=True)
+                   if first is not None
+                   and done_at.get(lease.item_id, 0.0) < int(first) - RUN_SKEW_MS]
+        if not earlier:
+            return set()
+        stale = [lease.item_id for lease, _ in earlier]
+        log.info("%s: %d item(s) accepted again after their dedup window: stages run anew",
+                 self.stage, len(stale))
+        await conn.execute("DELETE FROM pipeline_journal WHERE item_id = ANY($1::text[])", stale)
+        return {r["item_id"] for r in await conn.fetch(
+            _JOURNAL, stale, self.stage, self.name, [name[0] for _, name in earlier],
+            [name[1] for _, name in earlier])}
 
     async def _complete(self, leases: list[queue.LeasedItem]) -> None:
         if not leases:

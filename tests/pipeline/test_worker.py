@@ -10,11 +10,12 @@ import asyncpg
 import pytest
 from redis.exceptions import ResponseError
 
+from gateway import keys
 from gateway.app.worker import run_workers
 from gateway.knowledge.stages import DEFAULTS
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
-from gateway.pipeline.stages import STAGES, dead_key, meta_key
+from gateway.pipeline.stages import STAGES, dead_key, meta_key, seen_key
 from gateway.pipeline.status import job_status, queue_depths
 from gateway.pipeline.worker import StageWorker, WorkerConfig
 from tests.helpers import registry_violations, wait_until
@@ -214,3 +215,41 @@ async def test_a_failed_complete_still_runs_the_batchs_fails_and_after_commit_wo
 
 async def _note(ran: list[str], item_id: str) -> None:
     ran.append(item_id)
+
+
+async def test_a_job_id_reused_after_the_dedup_window_runs_every_stage_again(
+        runtime, make_client):
+    """The window is ``GATEWAY_DEDUP_TTL`` for the claim and for ADD alike; once it has
+    passed, the same job_id is a new job: its new document is stored and every stage runs
+    again (the earlier run's journal rows no longer count), not skipped as done."""
+    client = await make_client()
+    job = {"job_id": "weekly-report", "document": {"text": "first edition #one"}}
+    assert (await client.post("/v1/jobs", json=job)).status == 202
+    async with _workers(runtime):
+        await wait_until(lambda: _journal_count(runtime, "graph"), timeout=20)
+    # The window passes: the claim expires, the first-seen entry is older than the window,
+    # and the first run finished long ago.
+    window_ms = runtime.settings.dedup_ttl * 1000
+    now_ms = int((await runtime.durable.time())[0]) * 1000
+    await runtime.durable.delete(keys.dedup_job("weekly-report"))
+    await runtime.durable.hset(seen_key("weekly-report"), "weekly-report",
+                               now_ms - window_ms - 5000)
+    await runtime.pg.execute(
+        "UPDATE pipeline_journal SET completed_at = now() - interval '2 days'")
+    job["document"] = {"text": "second edition #two"}
+    again = await client.post("/v1/jobs", json=job)
+    assert again.status == 202 and (await again.json())["status"] == "accepted"
+    async with _workers(runtime):
+        await wait_until(lambda: _fresh_graph_row(runtime), timeout=20)
+    assert await runtime.pg.fetchval(
+        "SELECT body FROM pipeline_documents WHERE item_id = 'weekly-report'") == \
+        "second edition #two"
+    edges = await runtime.pg.fetch("SELECT target FROM pipeline_edges ORDER BY target")
+    assert [e["target"] for e in edges] == ["two"]
+    assert await _journal_count(runtime) == 4
+
+
+async def _fresh_graph_row(runtime) -> bool:
+    return bool(await runtime.pg.fetchval(
+        "SELECT count(*) FROM pipeline_journal WHERE stage = 'graph'"
+        " AND completed_at > now() - interval '1 hour'"))

@@ -6,7 +6,7 @@
 -- A new claim is the script's first write, so on a full instance (maxmemory) Redis refuses it
 -- with OOM before anything is written; once it is written the rest runs to the end. So there
 -- is never a claim whose item failed to enqueue, nothing to release, and the claim is 'done'
--- from the start. Behind an existing claim ADD still decides (its 7-day window): for a
+-- from the start. Behind an existing claim ADD still decides (its window, the claim TTL): for a
 -- duplicate it only reads, so duplicates are answered even while the instance is full, and a
 -- claim left 'in-progress' by the two-command path cannot swallow a retry.
 -- Returns ADD's answer: 1 enqueued, 0 duplicate.
