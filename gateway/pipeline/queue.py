@@ -59,10 +59,11 @@ class LeasedItem:
     worker: str
     started_ms: int
     document: dict[str, Any] | None
-    base: float
+    base: float  # scoring base: RECLAIM_BASE once reclaimed
     bonus: float
     failures: int
     reclaims: int
+    priority_base: float  # the base it was submitted with: its priority's name
 
 
 def _priority(priority: str, doc_type: str) -> tuple[int, int]:
@@ -153,11 +154,12 @@ async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
     if not reply:
         return []
     leases = []
-    for i in range(0, len(reply), 7):
-        item, started, payload, base, bonus, failures, reclaims = reply[i:i + 7]
+    for i in range(0, len(reply), 8):
+        item, started, payload, base, bonus, failures, reclaims, priority = reply[i:i + 8]
         leases.append(LeasedItem(item, stage, token, worker, int(started),
-                            json.loads(payload) if payload else None,
-                            float(base), float(bonus), int(failures), int(reclaims)))
+                                 json.loads(payload) if payload else None,
+                                 float(base), float(bonus), int(failures), int(reclaims),
+                                 float(priority)))
     return leases
 
 

@@ -22,9 +22,13 @@ _STAGE_STATE = {"q": "queued", "r": "running", "w": "retrying", "x": "dead"}
 
 
 def payload_of(raw: str | None) -> str | None:
-    """The document JSON inside a meta field (its 7th part), None when absent or dropped."""
+    """The document JSON inside a meta field (its last part, after the priority; entries
+    from before the priority field have one part less), None when absent or dropped."""
     if raw is None:
         return None
+    parts = raw.split("|", 7)
+    if len(parts) == 8 and parts[6].isdigit():
+        return parts[7] or None
     parts = raw.split("|", 6)
     return (parts[6] or None) if len(parts) == 7 else None
 

@@ -217,7 +217,7 @@ class StageWorker:
 
     async def _transaction(self, leases: list[queue.LeasedItem]) -> tuple[
             list[feed.FeedRow], list[Any]]:
-        names = [(_PRIORITY_NAME.get(int(lease.base), "normal"),
+        names = [(_PRIORITY_NAME.get(int(lease.priority_base), "normal"),
                   _TYPE_NAME.get(int(lease.bonus), "other")) for lease in leases]
         callbacks: list[Any] = []
         async with self.runtime.pg.acquire() as conn, conn.transaction():

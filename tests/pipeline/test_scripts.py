@@ -149,12 +149,29 @@ async def test_zombie_complete_after_reclaim_is_refused(runtime):
     await wait_until(lambda: _reclaimed(durable, 3), message="reclaim of the expired lease")
     fresh = await queue.fetch(durable, "store", "w2", 60_000)
     assert fresh is not None and fresh.item_id == "a" and fresh.reclaims == 1
-    assert fresh.base == 10  # reclaimed items come back with base 10
+    assert fresh.base == 10  # reclaimed items come back with base 10 ...
+    assert fresh.priority_base == 100  # ... and keep the priority they were submitted with
     assert await queue.complete(durable, zombie) is queue.LeaseResult.NOT_OWNER
     assert await queue.heartbeat(durable, zombie, 60_000) is queue.LeaseResult.NOT_OWNER
     assert len(await ready_items(durable, "chunk")) == 0
     assert await queue.complete(durable, fresh) is queue.LeaseResult.OK
     assert await ready_items(durable, "chunk") == ["a"]
+    later = await queue.fetch(durable, "chunk", "w2", 60_000)
+    assert later is not None and (later.base, later.priority_base) == (10, 100)
+
+
+async def test_meta_written_before_the_priority_field_still_reads(runtime):
+    """Items queued by the earlier meta layout (no priority field) keep working: their
+    priority is their base, and their payload is found."""
+    durable = runtime.durable
+    await durable.hset(meta_key(), "old", 'store|q|50|3|0|0|{"text": "a|b"}')
+    await durable.rpush(ready_class_key("store", 47), "1.000000|old")  # high, code
+    lease = await queue.fetch(durable, "store", "w", 60_000)
+    assert lease is not None and lease.item_id == "old"
+    assert (lease.base, lease.bonus, lease.priority_base) == (50, 3, 50)
+    assert lease.document == {"text": "a|b"}
+    assert await queue.complete(durable, lease) is queue.LeaseResult.OK
+    assert (await durable.hget(meta_key(), "old")) == "chunk|q|50|3|0|0|50|"
 
 
 async def test_fail_backs_off_then_dead_letters(runtime):

@@ -253,3 +253,23 @@ async def _fresh_graph_row(runtime) -> bool:
     return bool(await runtime.pg.fetchval(
         "SELECT count(*) FROM pipeline_journal WHERE stage = 'graph'"
         " AND completed_at > now() - interval '1 hour'"))
+
+
+async def test_a_reclaimed_item_keeps_its_priority_in_the_journal(runtime):
+    """Reclaimed items score with base 10, which is also critical's base: the journal and
+    the stored document must still name the priority it was submitted with."""
+    await queue.enqueue(runtime.durable, "slow", {"text": "held by a dead worker"},
+                        priority="normal", doc_type="code")
+    assert await queue.fetch(runtime.durable, "store", "dead-worker", 1) is not None
+    await wait_until(lambda: _reclaimed(runtime), message="the expired lease reclaimed")
+    async with _workers(runtime):
+        await wait_until(lambda: _journal_count(runtime, "graph"), timeout=20)
+    rows = await runtime.pg.fetch("SELECT DISTINCT priority, doc_type FROM pipeline_journal")
+    assert [tuple(r) for r in rows] == [("normal", "code")]
+    assert await runtime.pg.fetchval(
+        "SELECT priority FROM pipeline_documents WHERE item_id = 'slow'") == "normal"
+
+
+async def _reclaimed(runtime) -> bool:
+    totals = await queue.reclaim_all(runtime.durable, max_reclaims=3)
+    return totals["store"][0] == 1

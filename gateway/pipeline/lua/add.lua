@@ -23,7 +23,7 @@ if ARGV[6] ~= '1' and first then return 0 end
 if redis.call('HEXISTS', KEYS[2], item) == 1 then return 0 end
 if not first then redis.call('HSET', KEYS[1], item, now) end
 local m = {stage = ARGV[7], status = 'q', base = tonumber(ARGV[3]), bonus = tonumber(ARGV[4]),
-           failures = 0, reclaims = 0, payload = ARGV[2]}
+           failures = 0, reclaims = 0, priority = tonumber(ARGV[3]), payload = ARGV[2]}
 meta_put(KEYS[2], item, m)
 ready_push(4, m, now, tonumber(ARGV[8]), item)
 redis.call('HINCRBY', KEYS[3], 'enqueued', 1)

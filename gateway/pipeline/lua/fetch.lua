@@ -2,8 +2,8 @@
 -- lease {token, worker, started} and a deadline for each.
 -- KEYS: delayed, lease, deadline, meta, the stage's ready lists...
 -- ARGV: worker, token, lease_ms, promote_batch, epoch_ms, count, stage
--- Returns false when the stage is empty, else a flat list of 7 fields per item: item,
--- started_ms, payload or '', base, bonus, failures, reclaims.
+-- Returns false when the stage is empty, else a flat list of 8 fields per item: item,
+-- started_ms, payload or '', base, bonus, failures, reclaims, priority (submitted base).
 -- A popped entry whose meta does not say "queued in this stage" is stale and skipped (lazy
 -- deletion: nothing removes a given item from a ready list).
 local now = now_ms()
@@ -24,7 +24,7 @@ local deadline = now + tonumber(ARGV[3])
 local out = {}
 -- Stale entries leave a batch short: pop again for the rest, a bounded number of times.
 for _ = 1, 4 do
-  local want = count - #out / 7
+  local want = count - #out / 8
   if want <= 0 then break end
   local popped = ready_pop(5, want)
   if #popped == 0 then break end
@@ -36,7 +36,7 @@ for _ = 1, 4 do
       redis.call('HSET', KEYS[2], item, lease)
       redis.call('ZADD', KEYS[3], deadline, item)
       for _, v in ipairs({item, tostring(now), m.payload, tostring(m.base), tostring(m.bonus),
-                          tostring(m.failures), tostring(m.reclaims)}) do
+                          tostring(m.failures), tostring(m.reclaims), tostring(m.priority)}) do
         out[#out + 1] = v
       end
     end

@@ -1,8 +1,11 @@
 -- Shared prelude, prepended to every pipeline script by gateway/pipeline/scripts.py.
 -- Per-item metadata lives in one hash field:
--- "stage|status|base|bonus|failures|reclaims|payload", payload (the document JSON, or '')
--- last and until the store stage completes: one hash entry per item instead of two.
--- status: q queued, r running (leased), w waiting for a retry, x dead.
+-- "stage|status|base|bonus|failures|reclaims|priority|payload", payload (the document JSON,
+-- or '') last and until the store stage completes: one hash entry per item instead of two.
+-- status: q queued, r running (leased), w waiting for a retry, x dead. base is the scoring
+-- base (10 once reclaimed); priority the base the item was submitted with, which names its
+-- priority in the journal. Entries written before priority existed have one field less
+-- (their payload is '' or JSON, never digits and '|'): their priority is their base.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -11,15 +14,22 @@ end
 local function meta_get(key, item)
   local raw = redis.call('HGET', key, item)
   if not raw then return nil end
-  local st, s, base, bonus, f, r, payload =
-    string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$')
+  local st, s, base, bonus, f, r, prio, payload = string.match(
+    raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(%d+)|(.*)$')
+  if not st then
+    st, s, base, bonus, f, r, payload =
+      string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$')
+    prio = base
+  end
   return {stage = st, status = s, base = tonumber(base), bonus = tonumber(bonus),
-          failures = tonumber(f), reclaims = tonumber(r), payload = payload}
+          failures = tonumber(f), reclaims = tonumber(r), priority = tonumber(prio),
+          payload = payload}
 end
 
 local function meta_put(key, item, m)
   redis.call('HSET', key, item, m.stage .. '|' .. m.status .. '|' .. m.base .. '|' ..
-             m.bonus .. '|' .. m.failures .. '|' .. m.reclaims .. '|' .. m.payload)
+             m.bonus .. '|' .. m.failures .. '|' .. m.reclaims .. '|' .. m.priority .. '|' ..
+             m.payload)
 end
 
 -- base - bonus + 0.001 * (t - EPOCH) with t in seconds; epoch and now in milliseconds.
