@@ -16,7 +16,8 @@ answered twice.
   the lease was taken (what a dead predecessor may have missed).
 - **Exactly one answer.** Live and caught-up posts both go through the claim
   ``dedup:mattermost-post:<id>``: the first claim answers, every other delivery is dropped.
-  A handler that fails before sending releases the claim, so a later catch-up answers it.
+  A post whose claim failed, or whose handler failed before sending (releasing the claim),
+  is tried again on its own while the socket stays up, and later catch-ups start before it.
   A claim is tagged with its holder's lease; one left in progress under an earlier lease
   (the holder died mid-answer) is taken over on catch-up unless the platform shows our
   reply to that post already (each reply names the post it answers in its props).
@@ -56,6 +57,10 @@ from gateway.stores.runtime import Runtime
 log = logging.getLogger("gateway.mattermost")
 
 LEASE_NAME = "mattermost-listener"
+# A post whose claim or handling failed is tried again this many times while the socket
+# stays up (delays as the reconnect backoff's); at most this many are remembered per channel.
+RETRY_ATTEMPTS = 5
+MAX_UNSETTLED = 1000
 
 # Answers one post; calls ``send`` (zero or more times) to reply in the post's channel/thread.
 PostHandler = Callable[[Post, Send], Awaitable[None]]
@@ -98,12 +103,6 @@ async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout)
     return stop.is_set()
-
-
-# A post whose claim or handling failed is tried again this many times while the socket
-# stays up (delays as the reconnect backoff's); at most this many are remembered per channel.
-RETRY_ATTEMPTS = 5
-MAX_UNSETTLED = 1000
 
 
 class Listener:
@@ -315,9 +314,9 @@ class Listener:
         channel = self._unsettled.setdefault(post.channel_id, {})
         _, attempts = channel.get(post.id, (post.create_at, 0))
         channel[post.id] = (post.create_at, attempts + 1)
-        if attempts >= RETRY_ATTEMPTS or len(channel) > MAX_UNSETTLED:
-            if len(channel) > MAX_UNSETTLED:  # bounded: the oldest stays as catch-up start
-                del channel[max(channel, key=lambda pid: channel[pid][0])]
+        if len(channel) > MAX_UNSETTLED:  # bounded: forget the newest, the oldest stays the start
+            del channel[max(channel, key=lambda pid: channel[pid][0])]
+        if attempts >= RETRY_ATTEMPTS or post.id not in channel:
             return
 
         async def later() -> None:
