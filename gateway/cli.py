@@ -23,6 +23,7 @@ TARGETS: dict[str, str] = {
     "deadletter": "gateway.pipeline.deadletter:main",
     "sign": "gateway.inbound.webhooks:main_sign",
     "telegram": "gateway.inbound.telegram:main_set_webhook",
+    "maintenance": "gateway.app.maintenance:main",
 }
 
 
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", required=True, dest="msg_id")
     p.add_argument("--timestamp", type=int)
     p.add_argument("bodyfile")
+
+    p = sub.add_parser("maintenance", help="maintenance mode: inbound refused, workers idle")
+    p.add_argument("action", choices=["on", "off", "status"])
+    p.add_argument("--reason", default="maintenance")
+    p.add_argument("--for", dest="seconds", type=float, default=3600.0,
+                   help="seconds until it ends on its own (default 3600)")
 
     p = sub.add_parser("telegram", help="Telegram helpers")
     tsub = p.add_subparsers(dest="telegram_command", required=True)

@@ -41,7 +41,7 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
-    Row("lock:", "single-holder leases with fencing token (the Mattermost listener)",
+    Row("lock:", "single-holder leases with fencing token (Mattermost listener, maintenance)",
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
         "durable", "24 h (GATEWAY_DEDUP_TTL)", "webhooks"),

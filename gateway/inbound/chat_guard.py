@@ -7,16 +7,20 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.api.errors import ApiError
-from gateway.inbound.http_intake import install
+from gateway.inbound.http_intake import install, refuse_during_maintenance
 from gateway.stores.runtime import Runtime
 
 
 class Guard:
     def __init__(self, app: web.Application, runtime: Runtime) -> None:
-        self.barrier = install(app, runtime).barrier
+        inbound = install(app, runtime)
+        self.barrier = inbound.barrier
+        self.maintenance = inbound.maintenance
 
     async def admit(self, request: web.Request) -> str:
-        """The client address, after refusing it (429) while it is blocked."""
+        """The client address, after refusing the request during maintenance (503, the
+        platform retries) and the address (429) while it is blocked."""
+        await refuse_during_maintenance(self.maintenance)
         ip = self.barrier.client_ip(request)
         await self.barrier.check(ip)
         return ip

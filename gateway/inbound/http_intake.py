@@ -1,6 +1,6 @@
-"""What the generic inbound routes (webhooks, jobs) share on one application: the durable
-client's ``AutoPipeline``, the claim-and-enqueue ``Intaker``, the brute-force barrier, and
-the two request checks that come before any store is touched (content type, bounded body).
+"""What the inbound routes share on one application: the durable client's ``AutoPipeline``,
+the claim-and-enqueue ``Intaker``, the brute-force barrier, the maintenance switch, and the
+request checks that come before any store is touched (content type, bounded body).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.api.errors import ApiError
 from gateway.config import Settings
 from gateway.dedup.intake import Intake, Intaker
+from gateway.leases.maintenance import MaintenanceView, view_for
 from gateway.security.brute import BruteBarrier, BruteSettings
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
@@ -29,6 +30,7 @@ class Inbound:
     auto: AutoPipeline
     intaker: Intaker
     barrier: BruteBarrier
+    maintenance: MaintenanceView
 
 
 INBOUND: web.AppKey[Inbound] = web.AppKey("inbound", Inbound)
@@ -41,7 +43,8 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
     auto = AutoPipeline(runtime.durable)
     inbound = Inbound(runtime.settings, auto, Intaker(auto, runtime.settings.dedup_ttl),
                       BruteBarrier(auto, BruteSettings.from_section(
-                          runtime.settings.section("security"))))
+                          runtime.settings.section("security"))),
+                      view_for(runtime.durable))
     app[INBOUND] = inbound
 
     async def drain(app: web.Application) -> AsyncIterator[None]:
@@ -50,6 +53,15 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
 
     app.cleanup_ctx.append(drain)
     return inbound
+
+
+async def refuse_during_maintenance(view: MaintenanceView) -> None:
+    """503 + ``Retry-After`` while maintenance mode is on: the sender (or platform) retries
+    later, and nothing is accepted that a restore could lose."""
+    state = await view.current()
+    if state.on:
+        raise ApiError(503, "maintenance", state.reason or "maintenance",
+                       {"Retry-After": str(state.retry_after)})
 
 
 def require_json(request: web.Request) -> None:

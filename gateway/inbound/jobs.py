@@ -18,7 +18,14 @@ from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
 from gateway.inbound.documents import parse_json
-from gateway.inbound.http_intake import INBOUND, install, intake_answer, read_body, require_json
+from gateway.inbound.http_intake import (
+    INBOUND,
+    install,
+    intake_answer,
+    read_body,
+    refuse_during_maintenance,
+    require_json,
+)
 from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.pipeline.status import job_status
@@ -71,6 +78,7 @@ def parse_job(payload: Any) -> tuple[str | None, str, str, dict[str, Any]]:
 
 async def submit_job(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
+    await refuse_during_maintenance(inbound.maintenance)
     require_json(request)
     try:
         job_id, priority, doc_type, document = parse_job(parse_json(await read_body(request)))

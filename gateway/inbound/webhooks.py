@@ -34,6 +34,7 @@ from gateway.inbound.http_intake import (
     install,
     intake_answer,
     read_body,
+    refuse_during_maintenance,
     require_json,
 )
 from gateway.stores.runtime import Runtime
@@ -76,6 +77,7 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
 
 async def receive(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
+    await refuse_during_maintenance(inbound.maintenance)
     verified = await _verify(request, inbound)
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(

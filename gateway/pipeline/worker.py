@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 
 from gateway.config import Settings, positive_numbers
+from gateway.leases.maintenance import REFRESH_SECONDS, view_for
 from gateway.pipeline import metrics, queue
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
 from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
@@ -117,7 +118,12 @@ class StageWorker:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         idle = self.config.idle_min
+        maintenance = view_for(self.runtime.durable)
         while not stop.is_set():
+            if (await maintenance.current()).on:  # finish what is held, take nothing new
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REFRESH_SECONDS)
+                continue
             try:
                 leases = await queue.fetch_many(self.runtime.durable, self.stage, self.name,
                                                 self.config.lease_ms, self.config.batch)

@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.api import routes
 from gateway.api.state import RUNTIME
 from gateway.inbound.mattermost import health as mattermost_health
+from gateway.leases.maintenance import view_for
 from gateway.pipeline.status import queue_depths
 from gateway.push import feed
 from gateway.push.web import HUB
@@ -69,6 +70,7 @@ async def summary(request: web.Request) -> web.Response:
     throughput = await _part("throughput", errors, _throughput(runtime))
     listener = await _part("listener", errors, _listener(runtime))
     heads = await _part("feed", errors, feed.heads(runtime.pg, [PIPELINE_TOPIC]))
+    maintenance = await _part("maintenance", errors, view_for(runtime.durable).current())
     stages = (queues or {}).get("stages")
     hub = request.app[HUB]
     return web.json_response({
@@ -80,6 +82,7 @@ async def summary(request: web.Request) -> web.Response:
         "feed": ({"topic": PIPELINE_TOPIC, "epoch": heads[PIPELINE_TOPIC].epoch,
                   "last_offset": heads[PIPELINE_TOPIC].last_offset} if heads else None),
         "push": {"signals_up": hub.signals_up, "streams": hub.subscriber_count},
+        "maintenance": maintenance.to_json() if maintenance else None,
         "errors": errors,
     })
 

@@ -11,6 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway.api import routes
 from gateway.api.state import READINESS, ReadinessCheck, add_readiness_check
+from gateway.leases.maintenance import view_for
 from gateway.stores.redis import AnyRedis
 from gateway.stores.runtime import Runtime
 
@@ -67,9 +68,21 @@ def store_checks(runtime: Runtime) -> dict[str, ReadinessCheck]:
     return {"redis-durable": durable, "redis-cache": cache, "postgres": postgres}
 
 
+def maintenance_check(runtime: Runtime) -> ReadinessCheck:
+    """Not ready while maintenance mode is on: load balancers send nothing new here."""
+    view = view_for(runtime.durable)
+
+    async def check() -> tuple[bool, str]:
+        state = await view.current()
+        return (False, f"maintenance: {state.reason}") if state.on else (True, "off")
+
+    return check
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     for name, check in store_checks(runtime).items():
         add_readiness_check(app, name, check)
+    add_readiness_check(app, "maintenance", maintenance_check(runtime))
     routes.get(app, "/healthz", healthz)
     routes.get(app, "/readyz", readyz)
     routes.get(app, "/metrics", metrics)

@@ -19,6 +19,7 @@ from gateway import keys, logging_setup
 from gateway.cli import _secret_values
 from gateway.config import Secret, Settings
 from gateway.inbound.telegram import TELEGRAM_BOT, main_set_webhook
+from gateway.leases import maintenance
 from gateway.stores.runtime import Runtime
 from tests.conversations.fast import Apps, with_sections
 from tests.fakes import FakeTelegram, text_update
@@ -309,3 +310,21 @@ async def test_unreachable_bot_api_at_start_is_retried(
         await fake_telegram.wait_for_messages(1, chat_id=12)
     finally:
         await apps.close()
+
+
+async def test_maintenance_refuses_updates_until_it_ends(
+        start_bot: Callable[..., Any], fake_telegram: FakeTelegram, runtime: Runtime) -> None:
+    """Telegram retries a 503 later: nothing is accepted (so nothing a restore could lose),
+    and the retry after the end is answered."""
+    client = await start_bot()
+    await maintenance.switch_on(runtime.durable, "restore", seconds=120)
+    update = text_update("during maintenance", chat_id=901)
+    await wait_until(lambda: _status_is(client, update, 503), timeout=2)
+    assert fake_telegram.sent_texts() == []
+    await maintenance.switch_off(runtime.durable)
+    await wait_until(lambda: _status_is(client, update, 200), timeout=2)
+    await wait_until(lambda: fake_telegram.sent_texts(), timeout=10, message="answered")
+
+
+async def _status_is(client: TestClient[Any, Any], update: dict[str, Any], status: int) -> bool:
+    return await post(client, update) == status

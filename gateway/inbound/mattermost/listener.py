@@ -51,6 +51,7 @@ from gateway.inbound.mattermost.client import (
     posted_post,
 )
 from gateway.leases import lease as leases
+from gateway.leases.maintenance import view_for
 from gateway.outbound.delivery import Send
 from gateway.stores.runtime import Runtime
 
@@ -228,7 +229,11 @@ class Listener:
     async def _session(self, client: MattermostClient, lease: leases.Lease,
                        floor_ms: int) -> None:
         backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        maintenance = view_for(self.runtime.durable)
         while True:
+            # Off the socket while maintenance is on; the catch-up after it answers what was
+            # posted meanwhile.
+            await maintenance.wait_until_off()
             connected_at: float | None = None
             try:
                 # A server that accepts the socket but never says hello counts as a drop.
@@ -264,6 +269,8 @@ class Listener:
             return
         post = posted_post(event)
         if post is not None:
+            if (await view_for(self.runtime.durable).current()).on:
+                raise SocketClosed("maintenance mode: leaving the socket until it ends")
             self._spawn_post(client, lease, post)
 
     async def _catch_up(self, client: MattermostClient, lease: leases.Lease,

@@ -19,6 +19,7 @@ from gateway.inbound.mattermost.backoff import Backoff
 from gateway.inbound.mattermost.component import listener_config
 from gateway.inbound.mattermost.listener import LEASE_NAME
 from gateway.leases import lease as leases
+from gateway.leases import maintenance
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet, make_settings
 from tests.fakes.mattermost import BOT_USER_ID, FakeMattermost
@@ -437,3 +438,24 @@ async def test_a_post_whose_claim_failed_is_answered_while_the_socket_stays_up(
         assert refused == [keys.dedup_mattermost_post(post["id"])]
         assert fake.ws_connections == 1  # answered on the same socket, not by a catch-up
     assert fake.reply_messages() == ["echo: asked during a blip"]
+
+
+async def test_maintenance_keeps_the_listener_quiet_and_its_catch_up_answers_after(
+        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    fake = fake_mattermost
+    view = maintenance.view_for(runtime.durable)  # the listener reads the same view
+    async with running(runtime):
+        await fake.wait_for_sockets(1)
+        await maintenance.switch_on(runtime.durable, "restore", seconds=120)
+        await wait_until(lambda: _on(view), timeout=2, message="the switch seen")
+        await fake.create_post("general", "asked during maintenance")
+        await wait_until(lambda: fake.open_sockets == 0, timeout=5,
+                         message="the listener left its socket")
+        assert fake.reply_messages() == []
+        await maintenance.switch_off(runtime.durable)
+        await fake.wait_for_replies(1, timeout=10)
+    assert fake.reply_messages() == ["echo: asked during maintenance"]
+
+
+async def _on(view: maintenance.MaintenanceView) -> bool:
+    return (await view.current()).on
