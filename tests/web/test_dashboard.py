@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import keys
+from gateway.leases import maintenance
 from gateway.push import feed
 from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime
@@ -56,6 +57,20 @@ async def test_summary_shows_queues_throughput_listener_and_feed(
     await runtime.cache.set(keys.mattermost_listener(), json.dumps(flag), ex=90)
     listener = (await (await client.get("/v1/dashboard/summary")).json())["listener"]
     assert listener["running"] and listener["connected"] and listener["reconnects"] == 2
+    assert body["maintenance"] == {"on": False, "reason": None, "expires_in": None}
+
+
+async def test_summary_says_when_maintenance_is_on(
+        make_client: Callable[..., Any], runtime: Runtime) -> None:
+    client = await _dashboard(make_client, runtime)
+    await maintenance.switch_on(runtime.durable, "restoring PostgreSQL", seconds=300)
+
+    async def shown() -> Any:
+        body = await (await client.get("/v1/dashboard/summary")).json()
+        return body["maintenance"] if body["maintenance"]["on"] else None
+
+    state = await wait_until(shown, timeout=2, message="the banner's data")
+    assert state["reason"] == "restoring PostgreSQL" and 0 < state["expires_in"] <= 300
 
 
 async def test_summary_degrades_when_redis_cache_is_down(
