@@ -205,8 +205,10 @@ class _Stream:
                 await self.write(": heartbeat\n\n")
 
     async def say_goodbye(self, reason: str) -> None:
+        """The ``gateway.disconnect`` event: ``reason`` is the code clients act on
+        (``shutdown``, ``too_slow``, ...); ``error`` repeats it in the JSON-error shape."""
         code, _, detail = reason.partition(": ")
-        body = json.dumps({"error": code, "detail": detail or code})
+        body = json.dumps({"reason": code, "error": code, "detail": detail or code})
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
                 self.response.write(f"event: {DISCONNECT_EVENT}\ndata: {body}\n\n".encode()), 1.0)

@@ -72,7 +72,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
                 await asyncio.wait_for(task, 10)
 
     async def on_shutdown(app: web.Application) -> None:
-        hub.close_all("shutting_down: the server is stopping; reconnect with Last-Event-ID")
+        hub.close_all("shutdown: the server is stopping; reconnect with Last-Event-ID")
 
     async def stream(request: web.Request) -> web.StreamResponse:
         return await sse.stream(request, hub, runtime.pg, config)
