@@ -20,7 +20,8 @@ from gateway.config import Settings
 from gateway.stores.runtime import open_runtime
 from gateway.web.app import create_app
 
-log = logging.getLogger("gateway.app.serve")
+log = logging.getLogger("gateway.serve")
+
 
 async def run(settings: Settings, *, services: Sequence[Service] = (),
               stop: asyncio.Event | None = None,
