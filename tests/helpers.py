@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from typing import Any
 
 from gateway import keys
 from tests.fakes.waiting import wait_until
 
-__all__ = ["registry_violations", "wait_until"]
+__all__ = ["gateway_cli", "registry_violations", "wait_until"]
 
 
 async def registry_violations(client: Any, instance: str) -> list[str]:
@@ -23,3 +26,20 @@ async def registry_violations(client: Any, instance: str) -> list[str]:
         elif row.must_expire and await client.ttl(key) < 0:
             problems.append(f"{key}: has no TTL")
     return problems
+
+
+async def gateway_cli(servers: Any, *args: str, config: str | None = None,
+                      timeout: float = 60) -> tuple[int, str, str]:
+    """Run ``gateway <args>`` against the test servers as an operator would:
+    ``(exit code, stdout, stderr)``."""
+    env = {**os.environ, "GATEWAY_DURABLE_URL": servers.durable_url,
+           "GATEWAY_CACHE_URL": servers.cache_url, "GATEWAY_DATABASE_URL": servers.database_url}
+    env.pop("GATEWAY_CONFIG", None)
+    if config:
+        env["GATEWAY_CONFIG"] = config
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -10,11 +10,10 @@ ioredis' ``enableAutoPipelining``; redis-py has none, hence this module.
 It talks to the connection directly (``send_packed_command`` / ``read_response``, commands
 packed by ``hiredis.pack_command``) rather than through ``Pipeline``: one timeout for the
 whole flush instead of an ``asyncio.timeout`` per reply, and no response callbacks, so replies
-are raw RESP2
-values (``SET`` answers ``"OK"`` or ``None``). Errors are per command (returned as exception
-values); a failure of the round trip itself (connection lost, timeout) is raised to every
-caller of that flush, and the connection is dropped. A caller's commands stay contiguous and
-in order on the wire, so "claim, then enqueue" keeps its order.
+are raw RESP2 values (``SET`` answers ``"OK"`` or ``None``). Errors are per command
+(returned as exception values); a failure of the round trip itself (connection lost,
+timeout) is raised to every caller of that flush, and the connection is dropped. A caller's
+commands stay contiguous and in order on the wire, so "claim, then enqueue" keeps its order.
 
 On Redis Cluster the commands of a flush may live in any slots: the flush goes out as one
 cluster pipeline, which redis-py splits by node (one write per node, concurrently); the order

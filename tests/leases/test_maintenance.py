@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from typing import Any
 
 from gateway.app.worker import run_workers
@@ -16,7 +14,7 @@ from gateway.pipeline.status import job_status, ready_items
 from gateway.pipeline.worker import WorkerConfig
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
-from tests.helpers import registry_violations, wait_until
+from tests.helpers import gateway_cli, registry_violations, wait_until
 from tests.inbound.webhook_helpers import body_of, standard
 
 FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
@@ -24,14 +22,9 @@ FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05
 
 
 async def _gateway(servers: ServerSet, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "GATEWAY_DURABLE_URL": servers.durable_url,
-           "GATEWAY_CACHE_URL": servers.cache_url, "GATEWAY_DATABASE_URL": servers.database_url}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "maintenance", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    (line,) = out.decode().splitlines()
+    code, out, err = await gateway_cli(servers, "maintenance", *args)
+    assert code == 0, err
+    (line,) = out.splitlines()
     return dict(json.loads(line))
 
 

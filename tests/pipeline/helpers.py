@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.pipeline import queue
 from gateway.pipeline.queue import add_call
 from gateway.pipeline.scripts import scripts_for
 
@@ -17,3 +18,9 @@ async def queue_add(pipe: Any, item_id: str, document: dict[str, Any], *,
     """
     keys, args = add_call(item_id, document, priority, doc_type)
     await scripts_for(pipe).add(keys=keys, args=args, client=pipe)
+
+
+async def store_reclaimed(durable: Any, max_reclaims: int = 3) -> bool:
+    """One RECLAIM pass over the store stage; whether it took back (or buried) anything."""
+    back, dead, _ = await queue.reclaim(durable, "store", max_reclaims=max_reclaims)
+    return back + dead > 0

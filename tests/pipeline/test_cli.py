@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 
 from gateway.pipeline import deadletter, queue
 from gateway.pipeline.recover import recover
 from gateway.pipeline.stages import dead_key, legacy_ready_key, ready_keys
 from gateway.pipeline.status import job_status, ready_items
+from tests.helpers import gateway_cli
 
 
 async def _gateway(servers, *args: str, config: str | None = None) -> tuple[int, str]:
-    env = {**os.environ, "GATEWAY_DURABLE_URL": servers.durable_url,
-           "GATEWAY_CACHE_URL": servers.cache_url, "GATEWAY_DATABASE_URL": servers.database_url}
-    env.pop("GATEWAY_CONFIG", None)
-    if config:
-        env["GATEWAY_CONFIG"] = config
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode() + err.decode()
+    code, out, err = await gateway_cli(servers, *args, config=config)
+    return code, out + err
 
 
 async def test_deadletter_commands(runtime, servers):

@@ -27,7 +27,7 @@ from gateway.pipeline.stages import (
 )
 from gateway.pipeline.status import document, job_status, queue_depths, ready_items
 from tests.helpers import registry_violations, wait_until
-from tests.pipeline.helpers import queue_add
+from tests.pipeline.helpers import queue_add, store_reclaimed
 
 DOC = {"text": "hello"}
 
@@ -146,7 +146,7 @@ async def test_zombie_complete_after_reclaim_is_refused(runtime):
     await queue.enqueue(durable, "a", DOC)
     zombie = await queue.fetch(durable, "store", "w1", 1)  # 1 ms lease: expired at once
     assert zombie is not None
-    await wait_until(lambda: _reclaimed(durable, 3), message="reclaim of the expired lease")
+    await wait_until(lambda: store_reclaimed(durable, 3), message="reclaim of the expired lease")
     fresh = await queue.fetch(durable, "store", "w2", 60_000)
     assert fresh is not None and fresh.item_id == "a" and fresh.reclaims == 1
     assert fresh.base == 10  # reclaimed items come back with base 10 ...
@@ -205,7 +205,7 @@ async def test_reclaim_dead_letters_after_max_reclaims(runtime):
     for round_ in range(3):
         lease = await queue.fetch(durable, "store", f"w{round_}", 1)
         assert lease is not None and lease.reclaims == round_
-        await wait_until(lambda: _reclaimed(durable, 2), message="reclaim")
+        await wait_until(lambda: store_reclaimed(durable, 2), message="reclaim")
     assert await durable.llen(dead_key("store")) == 1
     assert await durable.zcard(deadline_key("store")) == 0
     assert await durable.hlen(keys.q("lease", "store")) == 0
@@ -222,11 +222,6 @@ async def test_reclaim_is_bounded_per_call(runtime):
     totals = await queue.reclaim_all(durable, max_reclaims=3, batch=10)
     assert totals["store"] == (15, 0)
     assert len(await ready_items(durable, "store")) == 25
-
-
-async def _reclaimed(durable, max_reclaims: int) -> bool:
-    back, dead, _ = await queue.reclaim(durable, "store", max_reclaims=max_reclaims)
-    return back + dead > 0
 
 
 async def _all_expired(durable) -> bool:

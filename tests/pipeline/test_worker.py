@@ -19,6 +19,7 @@ from gateway.pipeline.stages import STAGES, dead_key, meta_key, seen_key
 from gateway.pipeline.status import job_status, queue_depths
 from gateway.pipeline.worker import StageWorker, WorkerConfig
 from tests.helpers import registry_violations, wait_until
+from tests.pipeline.helpers import store_reclaimed
 
 FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
                     backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
@@ -261,7 +262,8 @@ async def test_a_reclaimed_item_keeps_its_priority_in_the_journal(runtime):
     await queue.enqueue(runtime.durable, "slow", {"text": "held by a dead worker"},
                         priority="normal", doc_type="code")
     assert await queue.fetch(runtime.durable, "store", "dead-worker", 1) is not None
-    await wait_until(lambda: _reclaimed(runtime), message="the expired lease reclaimed")
+    await wait_until(lambda: store_reclaimed(runtime.durable),
+                     message="the expired lease reclaimed")
     async with _workers(runtime):
         await wait_until(lambda: _journal_count(runtime, "graph"), timeout=20)
     rows = await runtime.pg.fetch("SELECT DISTINCT priority, doc_type FROM pipeline_journal")
@@ -269,7 +271,3 @@ async def test_a_reclaimed_item_keeps_its_priority_in_the_journal(runtime):
     assert await runtime.pg.fetchval(
         "SELECT priority FROM pipeline_documents WHERE item_id = 'slow'") == "normal"
 
-
-async def _reclaimed(runtime) -> bool:
-    totals = await queue.reclaim_all(runtime.durable, max_reclaims=3)
-    return totals["store"][0] == 1
