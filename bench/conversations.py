@@ -10,6 +10,9 @@ Run from the repository root: ``python bench/conversations.py [--messages 1000] 
    floor the service cannot go below: per message, one PostgreSQL transaction inserting one
    conversation message and its feed row. Same concurrency (one coroutine per chat). Limits
    are set high so the limiter admits everything (we measure its cost, not its waiting).
+3. Round trips per message (once, after the rounds): the same two workloads on a second
+   Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
+   the figure is what crossed the network, not what the code claims.
 
 Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
 """
@@ -18,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from rtt import RoundTripCounter  # sibling bench script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -103,6 +110,80 @@ async def conversation_round(rt: Runtime, messages: int, chats: int,
     return service, bare
 
 
+async def round_trips_per_message(settings: Settings, messages: int = 200,
+                                  chats: int = 10) -> None:
+    """Print network round trips per ``handle_incoming`` message and per bare insert+feed
+    transaction, counted by three proxies (redis-durable, redis-cache, PostgreSQL) in front
+    of a second Runtime, over ``messages`` spread across ``chats`` (one coroutine per chat,
+    each chat new, as in :func:`conversation_round`). Counts are taken after every pool is
+    filled and a warm-up at twice that concurrency, so connection setup and first-use
+    statement preparation are excluded; a connection still opened during the measurement
+    is reported."""
+    urls = {"redis-durable": settings.durable_url, "redis-cache": settings.cache_url,
+            "postgresql": settings.database_url}
+    async with contextlib.AsyncExitStack() as stack:
+        proxies: dict[str, RoundTripCounter] = {}
+        for name, url in urls.items():
+            parts = urlsplit(url or "")
+            assert parts.hostname and parts.port, f"{name}: TCP URL needed, got {url!r}"
+            proxies[name] = await stack.enter_async_context(
+                RoundTripCounter(parts.hostname, parts.port))
+        rt = await open_runtime(dataclasses.replace(
+            settings, durable_url=proxies["redis-durable"].url_for(urls["redis-durable"] or ""),
+            cache_url=proxies["redis-cache"].url_for(urls["redis-cache"] or ""),
+            database_url=proxies["postgresql"].url_for(urls["postgresql"] or "")),
+            pg_max_size=chats + 2)
+        stack.push_async_callback(rt.close)  # closes before the proxies stop
+        per_chat = messages // chats
+        # Open every connection the measurement could need before counting: concurrent PINGs
+        # each take a connection of their own, and the pool is filled to its maximum.
+        await asyncio.gather(*(client.ping() for client in (rt.durable, rt.cache)
+                               for _ in range(2 * chats)))
+        held = [await rt.pg.acquire() for _ in range(chats + 2)]
+        for conn in held:
+            await rt.pg.release(conn)
+
+        async def send(text: str) -> None:
+            return None
+
+        async def chat_worker(prefix: str, chat: int, count: int) -> None:
+            for i in range(count):
+                await handle_incoming(rt, Incoming(
+                    platform="telegram", chat=f"{prefix}{chat:04d}", thread=None,
+                    user_id="u", user_name="bench", text=f"message {i}", message_id=str(i)),
+                    send)
+
+        conversation_id = await rt.pg.fetchval(
+            "INSERT INTO conversations (platform, chat_key, chat) VALUES"
+            " ('telegram', 'bare-rtt', 'bench') RETURNING id")
+        seqs = itertools.count(1)
+
+        async def bare_worker(prefix: str, chat: int, count: int) -> None:
+            for _ in range(count):
+                async with rt.pg.acquire() as conn, conn.transaction():
+                    seq = next(seqs)
+                    await conn.execute(
+                        "INSERT INTO conversation_messages (conversation_id, seq, role, text)"
+                        " VALUES ($1, $2, 'user', 'x')", conversation_id, seq)
+                    await feed.append(conn, f"bench:{prefix}:{chat}", "message",
+                                      {"seq": seq})
+
+        for label, worker in (("message", chat_worker), ("bare insert+feed", bare_worker)):
+            # Twice the measured concurrency: prepares the statements on the pooled connections.
+            await asyncio.gather(*(worker("rttw", c, 3) for c in range(2 * chats)))
+            counts = {name: p.count for name, p in proxies.items()}
+            opened = sum(p.connections for p in proxies.values())
+            await asyncio.gather(*(worker("rtt", c, per_chat) for c in range(chats)))
+            done = per_chat * chats
+            per = {name: (p.count - counts[name]) / done for name, p in proxies.items()}
+            print(f"round trips per {label}: redis-durable {per['redis-durable']:.2f}, "
+                  f"redis-cache {per['redis-cache']:.2f}, postgresql {per['postgresql']:.2f}, "
+                  f"total {sum(per.values()):.2f}")
+            if new := sum(p.connections for p in proxies.values()) - opened:
+                print(f"  ({new} connection(s) opened during the measurement: their setup "
+                      "round trips are included)")
+
+
 async def main_async(args: argparse.Namespace, root: Path) -> None:
     servers: list[embedded.RedisServer | embedded.PostgresServer] = []
     try:
@@ -125,6 +206,7 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                                                          round_no)
                 print(f"round {round_no} conversations: handle_incoming {service:,.0f} msg/s,"
                       f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
+            await round_trips_per_message(settings)
         finally:
             await rt.close()
     finally:
