@@ -15,6 +15,8 @@ Instance = Literal["durable", "cache"]
 
 # Every pipeline key carries this hash tag: ADD/FETCH/COMPLETE/... touch several stages at once.
 PIPELINE_TAG = "{pipeline}"
+# Every inbox key carries this one: TAKE/ACK/RECLAIM touch a platform's sets and chat lists.
+INBOX_TAG = "{inbox}"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Row:
 REGISTRY: tuple[Row, ...] = (
     Row("q:", "pipeline queues, leases, delayed retries, dead letters, payloads, stats",
         "durable", "until completion", "pipeline"),
+    Row("inbox:", "per-chat inbound queues of chat messages: ready chats, chat leases, "
+        "per-chat entry lists, dead letters", "durable", "until processed", "inbox"),
     Row("rl:", "rate-limit state (sliding-window logs and their totals, concurrency slots)",
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
@@ -87,6 +91,11 @@ def _join(namespace: str, *parts: object) -> str:
 def q(*parts: object) -> str:
     """A pipeline key: ``q:{pipeline}:<parts>``; one hash tag for every pipeline key."""
     return _join("q:", PIPELINE_TAG, *parts)
+
+
+def inbox(platform: str, *parts: object) -> str:
+    """An inbox key: ``inbox:{inbox}:<platform>:<parts>``; one hash tag for all of them."""
+    return _join("inbox:", INBOX_TAG, platform, *parts)
 
 
 def rl(*parts: object) -> str:

@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("web",),
     ("inbound",),
     ("access", "security"),
+    ("inbox",),
     ("dedup",),
     ("conversations", "knowledge"),
     ("pipeline",),

@@ -1,10 +1,12 @@
 """Telegram bot: python-telegram-bot inside our aiohttp app, no second server.
 
 Webhook mode: ``POST /telegram/webhook`` checks ``X-Telegram-Bot-Api-Secret-Token`` in
-constant time (403 otherwise), claims ``dedup:telegram-update:<bot_id>:<update_id>`` (a TTL
-claim, not a highest-id mark: ids turn random after a week of silence), answers 200 and hands
-the message to the conversation service in the background. Polling mode (``gateway serve
---telegram-polling``): PTB's Updater long-polls ``getUpdates`` and the same path follows.
+constant time (403 otherwise), then claims ``dedup:telegram-update:<bot_id>:<update_id>`` (a
+TTL claim, not a highest-id mark: ids turn random after a week of silence) and puts the
+message in the inbox in one step, and only then answers 200: an acknowledged update is
+durable. The inbox consumer of whichever replica is alive answers it. Polling mode (``gateway
+serve --telegram-polling``): PTB's Updater long-polls ``getUpdates`` and the same path
+follows (PTB confirms an update to Telegram with its next poll, after our handler ran).
 PTB does the Bot API work (parsing updates, sending); the token stays out of logs because
 httpx is held at WARNING and the log filter masks ``bot<id>:<token>``.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
@@ -31,10 +32,12 @@ from gateway.api import routes
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings
-from gateway.conversations.background import Background
-from gateway.conversations.service import Incoming, handle_incoming
-from gateway.dedup import claims
+from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
+from gateway.inbox.component import PlatformInbox
+from gateway.inbox.entry import Entry
+from gateway.inbox.queue import Pushed
+from gateway.outbound.delivery import Send
 from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
 from gateway.stores.runtime import Runtime
 
@@ -47,7 +50,6 @@ log = logging.getLogger("gateway.telegram")
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 ALLOWED_UPDATES = ["message"]
-DRAIN_SECONDS = 30.0
 
 TelegramApp = Application[Any, Any, Any, Any, Any, Any]
 
@@ -78,14 +80,14 @@ def to_incoming(update: Update) -> Incoming | None:
 
 
 class TelegramBot:
-    """One bot: its PTB Application, the webhook route and the background handling."""
+    """One bot: its PTB Application, the webhook route and its inbox."""
 
     def __init__(self, runtime: Runtime, guard: Guard, *, polling: bool = False) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.polling = polling
         self.ptb = build_application(self.settings, polling=polling)
-        self.background = Background("telegram")
+        self.inbox = PlatformInbox(runtime, "telegram", self._sender)
         self.guard = guard
         self.ready = asyncio.Event()
         section = self.settings.section("telegram")
@@ -119,7 +121,6 @@ class TelegramBot:
             assert self.ptb.updater is not None
             await self.ptb.updater.stop()
             await self.ptb.stop()
-        await self.background.drain(DRAIN_SECONDS)
         if self.ready.is_set():
             await self.ptb.shutdown()
         self.ready.clear()
@@ -154,30 +155,20 @@ class TelegramBot:
             await self.accept(update)
 
     async def accept(self, update: Update) -> None:
-        """Claim the update, then handle it in the background (the platform gets its 2xx
-        now). A duplicate, even of a claim still in progress, is answered as a success."""
+        """Claim the update and put it in the inbox (one round trip); the platform gets its
+        200 after that. A duplicate is answered as a success. A chat with too many messages
+        waiting is refused with 503 (Telegram retries), as is a store that fails."""
         incoming = to_incoming(update)
         if incoming is None:
             return
-        ttl = self.settings.dedup_ttl
-        claim = await claims.claim(self.runtime.durable,
-                                   keys.dedup_telegram_update(self.ptb.bot.id, update.update_id),
-                                   ttl)
-        if claim.claimed:
-            self.background.submit(self._process(incoming, claim))
-
-    async def _process(self, incoming: Incoming, claim: claims.Claim) -> None:
-        try:
-            await handle_incoming(self.runtime, incoming, self._sender(incoming))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await claims.release(self.runtime.durable, claim)
-            raise
-        await claims.mark_done(self.runtime.durable, claim, self.settings.dedup_ttl)
+        claim = keys.dedup_telegram_update(self.ptb.bot.id, update.update_id)
+        if await self.inbox.push(Entry(incoming), claim) is Pushed.FULL:
+            raise ApiError(503, "backpressure", "too many messages waiting for this chat",
+                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     # --- outbound ----------------------------------------------------------------------
-    def _sender(self, incoming: Incoming) -> Any:
-        chat_id = int(incoming.chat)
+    def _sender(self, entry: Entry) -> Send:
+        chat_id = int(entry.incoming.chat)
 
         async def send(text: str) -> None:
             """One sendMessage; platform errors mapped for the outbound retry loop."""
@@ -220,6 +211,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return bot.ready.is_set(), f"{mode}, {'ready' if bot.ready.is_set() else 'starting'}"
 
     app.cleanup_ctx.append(lifecycle)
+    # After the bot's own: stopped first, so the replies in flight still have a bot to go by.
+    bot.inbox.run_with(app, bot.ready)
     # Not required: a Bot API outage must not take the other routes out of rotation.
     add_readiness_check(app, "telegram", readiness, required=False)
 

@@ -268,15 +268,21 @@ async def slow_handler(ctx: Any) -> str | None:
     return f"slow: {ctx.incoming.text}"
 
 
-async def test_graceful_stop_finishes_accepted_messages(
+async def test_graceful_stop_finishes_the_message_in_hand_and_keeps_the_rest(
         start_bot: Callable[..., Any], fake_telegram: FakeTelegram, runtime: Runtime) -> None:
-    """Telegram got its 200 for each update: stopping the app must still answer them."""
-    client = await start_bot(conversations={
-        "handler": "tests.inbound.test_telegram:slow_handler"})
+    """Telegram got its 200 for each update: stopping the app answers the message being
+    handled, leaves the others in the inbox, and the next start answers them, once each and
+    in order."""
+    handler = {"handler": "tests.inbound.test_telegram:slow_handler"}
+    client = await start_bot(conversations=handler)
     for i in range(3):
         assert await post(client, text_update(f"late{i}", chat_id=90)) == 200
     assert fake_telegram.sent_messages(90) == []  # still being handled
-    await client.close()  # the app's cleanup drains the background work
+    await client.close()  # the consumer finishes what it holds and gives the chat back
+    answered = fake_telegram.sent_texts(90)
+    assert answered == [f"slow: late{i}" for i in range(len(answered))] and answered
+    await start_bot(conversations=handler)
+    await fake_telegram.wait_for_messages(3, chat_id=90)
     assert fake_telegram.sent_texts(90) == [f"slow: late{i}" for i in range(3)]
     claims = [await runtime.durable.get(k) async for k in
               runtime.durable.scan_iter("dedup:telegram-update:*")]
@@ -318,9 +324,12 @@ async def test_maintenance_refuses_updates_until_it_ends(
     and the retry after the end is answered."""
     client = await start_bot()
     await maintenance.switch_on(runtime.durable, "restore", seconds=120)
+    # Each process sees the switch within its refresh interval: probe until it does.
+    await wait_until(lambda: _status_is(client, text_update("probe", chat_id=900), 503),
+                     timeout=2)
     update = text_update("during maintenance", chat_id=901)
-    await wait_until(lambda: _status_is(client, update, 503), timeout=2)
-    assert fake_telegram.sent_texts() == []
+    assert await post(client, update) == 503
+    assert fake_telegram.sent_texts(901) == []
     await maintenance.switch_off(runtime.durable)
     await wait_until(lambda: _status_is(client, update, 200), timeout=2)
     await wait_until(lambda: fake_telegram.sent_texts(), timeout=10, message="answered")

@@ -1,0 +1,88 @@
+"""The inbox of one chat platform inside ``gateway serve``: its queue, its consumer and the
+consumer's lifecycle next to the HTTP server.
+
+Tunables come from an optional ``[inbox]`` table (``lease_seconds``, ``max_per_chat``,
+``max_failures``, ``max_chats``, ``poll_seconds``, ``outage_delay``, ``failure_delay``,
+``drain_seconds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.config import Settings, field_types, positive_numbers
+from gateway.conversations.model import chat_key
+from gateway.conversations.service import service_for
+from gateway.inbox.consumer import ConsumerConfig, InboxConsumer, SenderFor
+from gateway.inbox.entry import Entry
+from gateway.inbox.queue import Inbox, InboxLimits, Pushed
+from gateway.outbound.delivery import Send
+from gateway.stores.runtime import Runtime
+
+_LIMITS = field_types(InboxLimits)
+_CONSUMER = field_types(ConsumerConfig)
+
+
+def configs(settings: Settings) -> tuple[InboxLimits, ConsumerConfig]:
+    """The ``[inbox]`` table split into the queue's limits and the consumer's timings."""
+    section = settings.section("inbox")
+    values = positive_numbers(section, {**_LIMITS, **_CONSUMER}, "GATEWAY_CONFIG [inbox]")
+    return (InboxLimits(**{k: v for k, v in values.items() if k in _LIMITS}),  # type: ignore[arg-type]
+            ConsumerConfig(**{k: v for k, v in values.items() if k in _CONSUMER}))  # type: ignore[arg-type]
+
+
+class PlatformInbox:
+    """What an adapter holds: push an accepted event, and the consumer that answers it."""
+
+    def __init__(self, runtime: Runtime, platform: str, sender_for: SenderFor) -> None:
+        limits, config = configs(runtime.settings)
+        self.runtime = runtime
+        self.queue = Inbox(runtime.durable, platform, limits)
+        self.consumer = InboxConsumer(runtime, self.queue, sender_for, self._process, config)
+
+    async def push(self, entry: Entry, claim_key: str | None) -> Pushed:
+        """Durable before it returns ACCEPTED (or DUPLICATE); raises when redis-durable
+        refuses or is unreachable (the route answers 503 + Retry-After)."""
+        pushed = await self.queue.push(chat_key(entry.incoming), entry, claim_key,
+                                       self.runtime.settings.dedup_ttl)
+        if pushed is Pushed.ACCEPTED:
+            self.consumer.wake()
+        return pushed
+
+    async def _process(self, entry: Entry, send: Send) -> None:
+        await service_for(self.runtime).handle(entry.incoming, send)
+
+    def run_with(self, app: web.Application, ready: asyncio.Event | None = None) -> None:
+        """Run the consumer while the app runs, from when ``ready`` is set (the adapter can
+        send); at shutdown it finishes or gives back what it holds."""
+        async def consume(stop: asyncio.Event) -> None:
+            if ready is not None:
+                await _first_set(ready, stop)
+            await self.consumer.run(stop)
+
+        async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+            stop = asyncio.Event()
+            task = asyncio.create_task(consume(stop))
+            yield
+            stop.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.consumer.config.drain_seconds + 5):
+                    await asyncio.shield(task)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(lifecycle)
+
+
+async def _first_set(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

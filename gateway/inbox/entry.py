@@ -1,0 +1,47 @@
+"""What the inbox keeps per message: the platform-neutral message and how to answer it.
+
+``route`` holds what the reply needs beyond the chat itself (a Slack command's
+``response_url``, the Mattermost post a reply refers to); it is the adapter's to fill and
+read. The JSON is compact and keys are sorted so that one entry always encodes the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.conversations.model import Incoming
+
+VERSION = 1
+
+
+class BadEntry(ValueError):
+    """An entry that cannot be decoded (written by a newer version, or damaged)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    incoming: Incoming
+    route: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> str:
+        return json.dumps({"v": VERSION, "incoming": dataclasses.asdict(self.incoming),
+                           "route": self.route}, separators=(",", ":"), sort_keys=True,
+                          ensure_ascii=False)
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Entry:
+        try:
+            data: Any = json.loads(raw)
+            if data.get("v") != VERSION:
+                raise BadEntry(f"unknown inbox entry version {data.get('v')!r}")
+            route = data.get("route") or {}
+            if not all(isinstance(v, str) for v in route.values()):
+                raise BadEntry("route values must be strings")
+            return cls(Incoming(**data["incoming"]), dict(route))
+        except BadEntry:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BadEntry(f"undecodable inbox entry: {exc}") from None

@@ -1,0 +1,19 @@
+-- TAKE: lease up to `count` ready chats, longest waiting first, to one holder.
+-- KEYS: ready, leases, owners
+-- ARGV: token, lease_ms, count, chat list key prefix
+-- Returns a flat list: chat, head entry, chat, head entry, ...
+local now = now_ms()
+local deadline = now + tonumber(ARGV[2])
+local chats = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, chat in ipairs(chats) do
+  redis.call('ZREM', KEYS[1], chat)
+  local head = redis.call('LINDEX', ARGV[4] .. chat, 0)
+  if head then
+    redis.call('ZADD', KEYS[2], deadline, chat)
+    redis.call('HSET', KEYS[3], chat, ARGV[1])
+    out[#out + 1] = chat
+    out[#out + 1] = head
+  end
+end
+return out
