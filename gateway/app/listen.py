@@ -1,4 +1,5 @@
-"""``gateway listen mattermost``: the Mattermost listener alone, without the HTTP server."""
+"""``gateway listen mattermost``: the Mattermost listener and its inbox consumer, without the
+HTTP server."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 
 from gateway.app.process import install_stop_signals, preflight
 from gateway.config import Settings
-from gateway.inbound.mattermost.component import build_listener, listener_config
+from gateway.inbound.mattermost.component import MattermostBot, listener_config
 from gateway.stores.runtime import open_runtime
 
 log = logging.getLogger("gateway.mattermost")
@@ -21,9 +22,9 @@ async def listen(settings: Settings, stop: asyncio.Event | None = None) -> int:
         return 1
     runtime = await open_runtime(settings, pg_max_size=4)
     try:
-        listener = build_listener(runtime)
-        log.info("mattermost listener %s starting", listener.instance)
-        await listener.run(stop)
+        bot = MattermostBot(runtime)
+        log.info("mattermost listener %s starting", bot.listener.instance)
+        await bot.run(stop)
     finally:
         await runtime.close()
     return 0

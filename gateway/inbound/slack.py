@@ -2,62 +2,87 @@
 
 ``/slack/events`` and ``/slack/commands`` go through Bolt, which verifies the signature and
 the timestamp (±5 min) and answers ``url_verification``; its refusals become our JSON 401.
-A Bolt middleware claims ``dedup:slack-event:<event_id>`` before any work (a retry can arrive
-after 3 s while the first delivery is still running), Bolt acknowledges at once, and the
-conversation work runs in our own background set so shutdown can drain it. ``app_mention``
-and direct messages reach the conversation service; slash commands (``/gw new``) too.
+A Bolt middleware then does the intake itself, before Bolt acknowledges: an ``app_mention``
+or direct message is claimed (``dedup:slack-event:<event_id>``; a retry can arrive after 3 s)
+and put in the inbox in one round trip, a slash command (``/gw new``) is put in the inbox with
+its ``response_url``; only then does Slack get its 200, well inside its 3 s. The inbox
+consumer of whichever replica is alive answers (``chat.postMessage``, or the command's
+``response_url``). Other events are acknowledged and dropped.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from redis.exceptions import RedisError
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
-from slack_bolt.async_app import AsyncApp, AsyncRespond
+from slack_bolt.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gateway import keys
 from gateway.api import routes
-from gateway.api.errors import ApiError
-from gateway.conversations.background import Background
-from gateway.conversations.service import Incoming, handle_incoming
-from gateway.dedup import claims
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, store_error
+from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
+from gateway.inbox.component import PlatformInbox
+from gateway.inbox.entry import Entry
+from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.slack")
 
-DRAIN_SECONDS = 30.0
-CLAIM = "gateway_dedup_claim"
 _MENTION = re.compile(r"^\s*<@[A-Z0-9]+>\s*")
 # Errors where resending the same message cannot succeed.
 PERMANENT = {"channel_not_found", "not_in_channel", "is_archived", "invalid_auth",
              "account_inactive", "msg_too_long", "no_text", "restricted_action"}
-
+RESPONSE_URL = "response_url"
 
 
 def _incoming(body: dict[str, Any], event: dict[str, Any]) -> Incoming | None:
     """A user's message to the bot (a mention, or a direct message), else None."""
     if event.get("subtype") or event.get("bot_id") or not event.get("user"):
-        return None  # edits, joins, other bots (our own are dropped by Bolt already)
+        return None  # edits, joins, other bots (our own included)
+    if event.get("type") not in ("app_mention", "message"):
+        return None
     if event.get("type") == "message" and event.get("channel_type") != "im":
         return None  # channel chatter; a mention arrives as app_mention
     text = _MENTION.sub("", str(event.get("text") or ""), count=1).strip()
-    if not text:
+    if not text or not event.get("channel") or not event.get("ts"):
         return None
     return Incoming(platform="slack", chat=str(event["channel"]),
                     thread=event.get("thread_ts"), user_id=str(event["user"]),
                     user_name=None, text=text, message_id=str(event["ts"]),
                     team=str(body.get("team_id") or event.get("team") or "-"))
+
+
+def _command(body: dict[str, Any]) -> Entry | None:
+    """``/gw new`` → ``/new``; ``/gw anything`` → ``anything``; answered at response_url."""
+    if not body.get("channel_id") or not body.get("user_id") or not body.get(RESPONSE_URL):
+        return None
+    words = str(body.get("text") or "").strip()
+    command = words.split(maxsplit=1)[0].lower() if words else "help"
+    text = f"/{command}" if command in ("new", "status", "help") else words
+    incoming = Incoming(platform="slack", chat=str(body["channel_id"]), thread=None,
+                        user_id=str(body["user_id"]), user_name=body.get("user_name"),
+                        text=text, message_id=str(body.get("trigger_id") or ""),
+                        team=str(body.get("team_id") or "-"))
+    return Entry(incoming, {RESPONSE_URL: str(body[RESPONSE_URL])})
+
+
+def _refusal(error: ApiError) -> BoltResponse:
+    return BoltResponse(status=error.status, headers={**error.headers,
+                                                      "Content-Type": "application/json"},
+                        body=json.dumps({"error": error.code, "detail": error.detail}))
 
 
 class SlackBot:
@@ -70,12 +95,9 @@ class SlackBot:
         self.client = AsyncWebClient(token=settings.slack_bot_token.get(), base_url=base_url)
         self.bolt = AsyncApp(signing_secret=settings.slack_signing_secret.get(),
                              client=self.client, logger=log)
-        self.background = Background("slack")
+        self.inbox = PlatformInbox(runtime, "slack", self._sender)
         self.guard = guard
-        self.bolt.middleware(self._dedup)
-        self.bolt.event("app_mention")(self._on_event)
-        self.bolt.event("message")(self._on_event)
-        self.bolt.command(re.compile(r".*"))(self._on_command)
+        self.bolt.middleware(self._intake)
 
     # --- HTTP --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -86,61 +108,43 @@ class SlackBot:
                 401, "unauthorized", "bad Slack signature or stale timestamp"))
         return await to_aiohttp_response(response)
 
-    # --- Bolt middleware and listeners -------------------------------------------------
-    async def _dedup(self, body: dict[str, Any], context: dict[str, Any],
-                     next: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse | None:
-        """Claim the event before any work; a retry of a claimed event is acknowledged."""
-        event_id = body.get("event_id") if body.get("type") == "event_callback" else None
-        if event_id:
-            claim = await claims.claim(self.runtime.durable, keys.dedup_slack_event(event_id),
-                                       self.runtime.settings.dedup_ttl)
-            if not claim.claimed:
-                return BoltResponse(status=200, body="")
-            context[CLAIM] = claim
-        return await next()
+    # --- Bolt middleware: the intake ---------------------------------------------------
+    async def _intake(self, body: dict[str, Any],
+                      next: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
+        """Make the event durable, then let Bolt answer 200; 503 + Retry-After when
+        redis-durable refuses or a chat has too many messages waiting (Slack retries)."""
+        if body.get("type") == "event_callback":
+            event = body.get("event")
+            incoming = _incoming(body, event) if isinstance(event, dict) else None
+            entry, claim = None, None
+            if incoming is not None and body.get("event_id"):
+                entry = Entry(incoming)
+                claim = keys.dedup_slack_event(str(body["event_id"]))
+        elif body.get("command"):
+            entry, claim = _command(body), None
+        else:
+            return await next()
+        if entry is not None:
+            try:
+                pushed = await self.inbox.push(entry, claim)
+            except RedisError as exc:
+                mapped = store_error(exc)
+                if mapped is None:
+                    raise
+                return _refusal(mapped)
+            if pushed is Pushed.FULL:
+                return _refusal(ApiError(503, "backpressure",
+                                         "too many messages waiting for this chat",
+                                         {"Retry-After": str(RETRY_AFTER_SECONDS)}))
+        return BoltResponse(status=200, body="")
 
-    async def _on_event(self, body: dict[str, Any], event: dict[str, Any],
-                        context: dict[str, Any]) -> None:
-        claim: claims.Claim | None = context.get(CLAIM)
-        incoming = _incoming(body, event)
-        if incoming is None:
-            if claim is not None:
-                await claims.mark_done(self.runtime.durable, claim,
-                                       self.runtime.settings.dedup_ttl)
-            return
-        self.background.submit(self._process(incoming, self._poster(incoming), claim))
+    # --- outbound ----------------------------------------------------------------------
+    def _sender(self, entry: Entry, retried: bool) -> Send:
+        incoming = entry.incoming
+        response_url = entry.route.get(RESPONSE_URL)
+        if response_url:
+            return self._responder(response_url)
 
-    async def _on_command(self, ack: Callable[..., Awaitable[None]], body: dict[str, Any],
-                          respond: AsyncRespond) -> None:
-        """``/gw new`` → ``/new``; ``/gw anything`` → ``anything``. Slack shows the ack."""
-        await ack()
-        words = str(body.get("text") or "").strip()
-        command = words.split(maxsplit=1)[0].lower() if words else "help"
-        text = f"/{command}" if command in ("new", "status", "help") else words
-        incoming = Incoming(platform="slack", chat=str(body["channel_id"]), thread=None,
-                            user_id=str(body["user_id"]), user_name=body.get("user_name"),
-                            text=text, message_id=str(body.get("trigger_id") or ""),
-                            team=str(body.get("team_id") or "-"))
-
-        async def send(reply: str) -> None:
-            await respond(text=reply, response_type="in_channel")
-
-        self.background.submit(self._process(incoming, send, None))
-
-    async def _process(self, incoming: Incoming, send: Send,
-                       claim: claims.Claim | None) -> None:
-        durable, ttl = self.runtime.durable, self.runtime.settings.dedup_ttl
-        try:
-            await handle_incoming(self.runtime, incoming, send)
-        except BaseException:
-            if claim is not None:
-                with contextlib.suppress(Exception):
-                    await claims.release(durable, claim)
-            raise
-        if claim is not None:
-            await claims.mark_done(durable, claim, ttl)
-
-    def _poster(self, incoming: Incoming) -> Send:
         async def send(text: str) -> None:
             """One chat.postMessage (in the thread when the message was in one)."""
             try:
@@ -151,6 +155,20 @@ class SlackBot:
                 if retry_after_of(exc) is None and error in PERMANENT:
                     raise Undeliverable(f"slack: {error}") from exc
                 raise
+
+        return send
+
+    @staticmethod
+    def _responder(url: str) -> Send:
+        async def send(text: str) -> None:
+            """A slash command's answer, posted to its response_url (valid 30 min)."""
+            response = await AsyncWebhookClient(url).send(text=text, response_type="in_channel")
+            if response.status_code == 429:  # the delivery loop reads its Retry-After
+                raise SlackApiError("slack response_url: rate limited", response)
+            if response.status_code in (404, 410):
+                raise Undeliverable(f"slack response_url: {response.status_code}")
+            if response.status_code >= 300:
+                raise RuntimeError(f"slack response_url answered {response.status_code}")
 
         return send
 
@@ -168,9 +186,4 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app[SLACK_BOT] = bot
     routes.post(app, "/slack/events", bot.dispatch)
     routes.post(app, "/slack/commands", bot.dispatch)
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        yield
-        await bot.background.drain(DRAIN_SECONDS)
-
-    app.cleanup_ctx.append(lifecycle)
+    bot.inbox.run_with(app)

@@ -167,7 +167,7 @@ class TelegramBot:
                            {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     # --- outbound ----------------------------------------------------------------------
-    def _sender(self, entry: Entry) -> Send:
+    def _sender(self, entry: Entry, retried: bool) -> Send:
         chat_id = int(entry.incoming.chat)
 
         async def send(text: str) -> None:

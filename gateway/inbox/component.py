@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway.config import Settings, field_types, positive_numbers
 from gateway.conversations.model import chat_key
 from gateway.conversations.service import service_for
-from gateway.inbox.consumer import ConsumerConfig, InboxConsumer, SenderFor
+from gateway.inbox.consumer import ConsumerConfig, InboxConsumer, Process, SenderFor
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Inbox, InboxLimits, Pushed
 from gateway.outbound.delivery import Send
@@ -38,11 +38,13 @@ def configs(settings: Settings) -> tuple[InboxLimits, ConsumerConfig]:
 class PlatformInbox:
     """What an adapter holds: push an accepted event, and the consumer that answers it."""
 
-    def __init__(self, runtime: Runtime, platform: str, sender_for: SenderFor) -> None:
+    def __init__(self, runtime: Runtime, platform: str, sender_for: SenderFor,
+                 process: Process | None = None) -> None:
         limits, config = configs(runtime.settings)
         self.runtime = runtime
         self.queue = Inbox(runtime.durable, platform, limits)
-        self.consumer = InboxConsumer(runtime, self.queue, sender_for, self._process, config)
+        self.consumer = InboxConsumer(runtime, self.queue, sender_for,
+                                      process or self._process, config)
 
     async def push(self, entry: Entry, claim_key: str | None) -> Pushed:
         """Durable before it returns ACCEPTED (or DUPLICATE); raises when redis-durable
@@ -54,6 +56,7 @@ class PlatformInbox:
         return pushed
 
     async def _process(self, entry: Entry, send: Send) -> None:
+        """The conversation service: store, answer, deliver (idempotent on redelivery)."""
         await service_for(self.runtime).handle(entry.incoming, send)
 
     def run_with(self, app: web.Application, ready: asyncio.Event | None = None) -> None:

@@ -42,7 +42,10 @@ OUTAGE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 
 # Processes one entry; replies go through ``send``.
 Process = Callable[[Entry, Send], Awaitable[None]]
-SenderFor = Callable[[Entry], Send]
+# The platform call that answers an entry; ``retried`` when an earlier attempt at it failed
+# or its holder died (a reply may have left already: an adapter that can ask the platform
+# checks before sending again).
+SenderFor = Callable[[Entry, bool], Send]
 
 
 class LeaseLost(BaseException):
@@ -176,14 +179,15 @@ class InboxConsumer:
     # --- one chat ----------------------------------------------------------------------
 
     async def _run_chat(self, item: Taken, token: str) -> None:
-        chat, head = item.chat, item.head
+        chat, head, retried = item.chat, item.head, item.attempts > 0
         try:
             while head:
                 if self._stopping:  # the rest waits, durable, for the next holder
                     await self._release(chat, token, 0, counted=False)
                     return
-                if not await self._process_head(chat, token, head):
+                if not await self._process_head(chat, token, head, retried):
                     return
+                retried = False
                 try:
                     following = await self.inbox.ack(chat, token, head)
                 except RedisError as exc:  # the lease expires; the reclaim re-runs the head
@@ -196,7 +200,7 @@ class InboxConsumer:
             if self.held.get(chat) == token:
                 del self.held[chat]
 
-    async def _process_head(self, chat: str, token: str, head: str) -> bool:
+    async def _process_head(self, chat: str, token: str, head: str, retried: bool) -> bool:
         """Process the chat's head entry; False when the chat was given back (or lost)."""
         try:
             entry = Entry.decode(head)
@@ -205,7 +209,8 @@ class InboxConsumer:
             await self._release(chat, token, 0, counted=True, at_once=True)
             return False
         try:
-            await self.process(entry, self._fenced(chat, token, self.sender_for(entry)))
+            send = self._fenced(chat, token, self.sender_for(entry, retried))
+            await self.process(entry, send)
         except LeaseLost:
             return False
         except OUTAGE as exc:

@@ -48,6 +48,7 @@ class Lost(enum.Enum):
 class Taken:
     chat: str
     head: str  # the encoded entry, as stored (ack compares it)
+    attempts: int = 0  # earlier attempts at the head that failed or were reclaimed
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,11 @@ class Inbox:
     # --- consumers -----------------------------------------------------------------------
 
     async def take(self, token: str, count: int) -> list[Taken]:
-        flat = await self._scripts.take(keys=[self.ready, self.leases, self.owners],
-                                        args=[token, self._lease_ms, count, self.prefix])
-        return [Taken(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+        flat = await self._scripts.take(
+            keys=[self.ready, self.leases, self.owners, self.failures],
+            args=[token, self._lease_ms, count, self.prefix])
+        return [Taken(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]))
+                for i in range(0, len(flat), 3)]
 
     async def ack(self, chat: str, token: str, head: str) -> str | Lost | None:
         """Drop the processed head; the next entry (still leased to us), None when the chat

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway import keys
 from gateway.conversations.model import Incoming
 from gateway.inbox.entry import BadEntry, Entry
 from gateway.inbox.queue import Inbox, InboxLimits, Lost, Pushed
 from gateway.stores.runtime import Runtime
 from tests.helpers import registry_violations, wait_until
-
-import pytest
 
 
 def entry(chat: str, n: int) -> Entry:

@@ -1,5 +1,6 @@
-"""The Mattermost listener as a web component: it runs inside ``gateway serve`` and
-``gateway dev`` when ``MATTERMOST_URL`` is set (``gateway.app.listen`` runs it alone).
+"""Mattermost as a web component: the listener and the inbox consumer run inside ``gateway
+serve`` and ``gateway dev`` when ``MATTERMOST_URL`` is set (``gateway listen mattermost``
+runs them without the HTTP server).
 
 Timings come from the settings (``GATEWAY_LISTENER_LEASE_SECONDS``, ``GATEWAY_DEDUP_TTL``)
 and from an optional ``[mattermost]`` table in the TOML file whose keys are the fields of
@@ -13,19 +14,29 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 from aiohttp import web
 
+from gateway import keys
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings, field_types, positive_numbers
-from gateway.conversations.service import Incoming, handle_incoming
+from gateway.conversations.model import Incoming
 from gateway.inbound.mattermost import health
-from gateway.inbound.mattermost.client import Post
-from gateway.inbound.mattermost.listener import Listener, ListenerConfig, PostHandler, Send
+from gateway.inbound.mattermost.client import MattermostClient, Post
+from gateway.inbound.mattermost.listener import Listener, ListenerConfig
+from gateway.inbox.component import PlatformInbox
+from gateway.inbox.consumer import Process
+from gateway.inbox.entry import Entry
+from gateway.inbox.queue import Pushed
+from gateway.outbound.delivery import Send
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.mattermost")
 
 _TUNABLE = field_types(ListenerConfig, exclude=("url", "token"))
+POST_ID = "post_id"
+CREATED_AT = "create_at"
 
 
 def listener_config(settings: Settings) -> ListenerConfig:
@@ -40,40 +51,93 @@ def listener_config(settings: Settings) -> ListenerConfig:
                           **values)  # type: ignore[arg-type]
 
 
-def default_handler(runtime: Runtime) -> PostHandler:
-    """The conversation handler shared with Telegram and Slack."""
-    async def handle(post: Post, send: Send) -> None:
+class MattermostBot:
+    """The listener (one active replica) feeding the inbox, and the inbox's consumer (every
+    replica) answering through the REST API."""
+
+    def __init__(self, runtime: Runtime, process: Process | None = None,
+                 instance: str | None = None) -> None:
+        self.runtime = runtime
+        self.config = listener_config(runtime.settings)
+        self.inbox = PlatformInbox(runtime, "mattermost", self._sender, process)
+        self.listener = Listener(runtime, self.config, self.accept, instance=instance)
+        self.client: MattermostClient | None = None
+        self.ready = asyncio.Event()
+
+    async def accept(self, post: Post) -> None:
         incoming = Incoming(platform="mattermost", chat=post.channel_id,
                             thread=post.root_id or None, user_id=post.user_id,
                             user_name=post.user_name or post.user_id, text=post.message,
                             message_id=post.id)
-        await handle_incoming(runtime, incoming, send)
+        route = {POST_ID: post.id, CREATED_AT: str(post.create_at)}
+        pushed = await self.inbox.push(Entry(incoming, route),
+                                       keys.dedup_mattermost_post(post.id))
+        if pushed is Pushed.FULL:
+            raise ApiError(503, "backpressure", "too many messages waiting for this channel",
+                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
-    return handle
+    def _sender(self, entry: Entry, retried: bool) -> Send:
+        incoming, post_id = entry.incoming, entry.route.get(POST_ID)
+        created_at = int(entry.route.get(CREATED_AT) or 0)
 
+        async def send(text: str) -> None:
+            """One post in the channel (thread), naming the post it answers in its props;
+            on a retry, nothing when the platform shows that reply already."""
+            assert self.client is not None
+            if retried and post_id and await self._answered(incoming.chat, post_id,
+                                                            created_at):
+                log.info("mattermost post %s: answered before its holder stopped", post_id)
+                return
+            await self.client.create_post(incoming.chat, text, incoming.thread,
+                                          reply_to=post_id)
 
-def build_listener(runtime: Runtime, handler: PostHandler | None = None) -> Listener:
-    return Listener(runtime, listener_config(runtime.settings),
-                    handler or default_handler(runtime))
+        return send
+
+    async def _answered(self, channel_id: str, post_id: str, created_at: int) -> bool:
+        """Does the channel hold a reply of ours to ``post_id`` (posted after it)?"""
+        assert self.client is not None
+        me = self.listener.bot_user_id or str((await self.client.me())["id"])
+        replies = await self.client.posts_since(channel_id, created_at - 1)
+        return any(r.user_id == me and r.reply_to == post_id for r in replies)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        """The consumer's REST client for as long as the block runs."""
+        timeout = aiohttp.ClientTimeout(total=30, sock_connect=10)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            self.client = MattermostClient(self.config.url, self.config.token, http)
+            self.ready.set()
+            try:
+                yield
+            finally:
+                self.ready.clear()
+                self.client = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The listener and the consumer until ``stop`` (``gateway listen mattermost``)."""
+        async with self.session():
+            await asyncio.gather(self.listener.run(stop), self.inbox.consumer.run(stop))
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    """Run the listener next to the HTTP server when ``MATTERMOST_URL`` is set.
-
-    The readiness entry is not required: a standby replica (no lease) is still ready.
+    """Run the listener and the consumer next to the HTTP server when ``MATTERMOST_URL`` is
+    set. The readiness entry is not required: a standby replica (no lease) is still ready.
     """
     if not runtime.settings.mattermost_url:
         return
-    listener = build_listener(runtime)
+    bot = MattermostBot(runtime)
     add_readiness_check(app, "mattermost-listener", health.readiness_check(runtime),
                         required=False)
 
     async def run_listener(app: web.Application) -> AsyncIterator[None]:
         stop = asyncio.Event()
-        task = asyncio.create_task(listener.run(stop))
-        yield
-        stop.set()
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(task, listener.config.drain_seconds + 5)
+        async with bot.session():
+            task = asyncio.create_task(bot.listener.run(stop))
+            yield
+            stop.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(bot.config.drain_seconds + 5):
+                    await task
 
     app.cleanup_ctx.append(run_listener)
+    bot.inbox.run_with(app, bot.ready)  # stopped before the session above closes

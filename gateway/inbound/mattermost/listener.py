@@ -14,13 +14,11 @@ answered twice.
   posts since the last post it saw there, minus a margin (clock skew, posts committed late);
   for a channel it has not seen yet in this lease, since ``catchup_lookback`` seconds before
   the lease was taken (what a dead predecessor may have missed).
-- **Exactly one answer.** Live and caught-up posts both go through the claim
-  ``dedup:mattermost-post:<id>``: the first claim answers, every other delivery is dropped.
-  A post whose claim failed, or whose handler failed before sending (releasing the claim),
-  is tried again on its own while the socket stays up, and later catch-ups start before it.
-  A claim is tagged with its holder's lease; one left in progress under an earlier lease
-  (the holder died mid-answer) is taken over on catch-up unless the platform shows our
-  reply to that post already (each reply names the post it answers in its props).
+- **Durable before moving on.** Live and caught-up posts alike are claimed
+  (``dedup:mattermost-post:<id>``) and put in the inbox in one step (``accept``); the first
+  claim wins, every other delivery is dropped. Answering is the inbox consumer's job, on
+  whichever replica is alive. A post whose intake failed is tried again on its own while the
+  socket stays up, and later catch-ups start before it.
 - **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
   ``health.py``).
 """
@@ -39,8 +37,7 @@ from typing import Any
 import aiohttp
 from redis.exceptions import RedisError
 
-from gateway import keys
-from gateway.dedup import claims
+from gateway.api.errors import ApiError
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.backoff import Backoff
 from gateway.inbound.mattermost.client import (
@@ -52,7 +49,6 @@ from gateway.inbound.mattermost.client import (
 )
 from gateway.leases import lease as leases
 from gateway.leases.maintenance import view_for
-from gateway.outbound.delivery import Send
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.mattermost")
@@ -63,19 +59,10 @@ LEASE_NAME = "mattermost-listener"
 RETRY_ATTEMPTS = 5
 MAX_UNSETTLED = 1000
 
-# Answers one post; calls ``send`` (zero or more times) to reply in the post's channel/thread.
-PostHandler = Callable[[Post, Send], Awaitable[None]]
+# Makes one post durable (claim + inbox); raises when it could not (the post is retried).
+Accept = Callable[[Post], Awaitable[None]]
 
 _NETWORK_ERRORS = (SocketClosed, MattermostError, aiohttp.ClientError, TimeoutError, OSError)
-
-
-class LeaseLost(BaseException):
-    """The fencing check failed: another replica holds the listener lease now.
-
-    A ``BaseException`` on purpose: the shared delivery loop retries and finally dead-letters
-    any ``Exception`` from a send, but a fenced-off holder must simply stop; its successor
-    answers the post after its catch-up.
-    """
 
 
 @dataclass(frozen=True)
@@ -107,17 +94,17 @@ async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
 
 
 class Listener:
-    def __init__(self, runtime: Runtime, config: ListenerConfig, handler: PostHandler,
+    def __init__(self, runtime: Runtime, config: ListenerConfig, accept: Accept,
                  *, instance: str | None = None) -> None:
         self.runtime = runtime
         self.config = config
-        self.handler = handler
+        self.accept = accept
         self.instance = instance or leases.instance_id()
         self.state = health.ListenerState(self.instance)
         self.bot_user_id = ""
         self.lease: leases.Lease | None = None  # set while this replica is the active one
         self._last_seen: dict[str, int] = {}
-        # Posts whose claim or handling failed, per channel: post id -> (create_at, attempts).
+        # Posts whose intake failed, per channel: post id -> (create_at, attempts).
         # A catch-up starts no later than the oldest of them; each is also retried on its own.
         self._unsettled: dict[str, dict[str, tuple[int, int]]] = {}
         self._user_names: dict[str, str] = {}
@@ -304,11 +291,11 @@ class Listener:
         async with self._slots:
             try:
                 settled = await self._process(client, lease, post)
-            except RedisError as exc:  # the post stays unclaimed: retried, and caught up
-                log.warning("mattermost post %s: redis-durable failed: %s", post.id, exc)
+            except (RedisError, ApiError) as exc:  # unclaimed: retried, and caught up
+                log.warning("mattermost post %s: not taken in (%s)", post.id, exc)
                 settled = False
             except Exception:
-                log.exception("mattermost post %s: handling failed", post.id)
+                log.exception("mattermost post %s: intake failed", post.id)
                 settled = False
         if settled:
             self._unsettled.get(post.channel_id, {}).pop(post.id, None)
@@ -345,85 +332,16 @@ class Listener:
                 and not post.delete_at and bool(post.message.strip()))
 
     async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> bool:
-        """Answer one post once; False when it is left unanswered and unclaimed (a store or
-        the handler failed), so it must be tried again."""
+        """Make one post durable; False when its intake failed, so it must be tried again."""
         seen = self._last_seen.get(post.channel_id, 0)
         self._last_seen[post.channel_id] = max(seen, post.create_at)
         if not self._wanted(post):
             return True
-        durable, ttl = self.runtime.durable, self.config.dedup_ttl
-        key, holder = keys.dedup_mattermost_post(post.id), f"lease-{lease.token}"
-        claim: claims.Claim | None = await claims.claim(durable, key, ttl, holder)
-        if claim is not None and not claim.claimed:
-            claim = await self._take_over(client, lease, post, key)
-        if claim is None or not claim.claimed:
-            return True  # answered, or being answered, elsewhere
-        if not await leases.holds(durable, lease):
-            await claims.release(durable, claim)
-            return True  # no longer ours to answer: the successor's catch-up takes it
-        sent = 0
-
-        async def send(text: str) -> None:
-            nonlocal sent
-            await self._send(client, lease, post, text)
-            sent += 1
-
-        try:
-            post = dataclasses.replace(post, user_name=await self._user_name(client, post))
-            await self.handler(post, send)
-        except BaseException as exc:
-            # Nothing sent: free the claim so a catch-up (ours or a successor's) answers it.
-            with contextlib.suppress(RedisError):
-                if sent:
-                    await claims.mark_done(durable, claim, ttl)
-                else:
-                    await claims.release(durable, claim)
-            if isinstance(exc, Exception):
-                log.exception("mattermost post %s: handler failed", post.id)
-                return bool(sent)
-            if not isinstance(exc, LeaseLost):
-                raise
-            return True
-        with contextlib.suppress(RedisError):
-            await claims.mark_done(durable, claim, ttl)
+        if not lease.locally_valid():
+            return True  # no longer ours to take in: the successor's catch-up reads it
+        post = dataclasses.replace(post, user_name=await self._user_name(client, post))
+        await self.accept(post)
         return True
-
-    async def _take_over(self, client: MattermostClient, lease: leases.Lease, post: Post,
-                         key: str) -> claims.Claim | None:
-        """A claim left in progress under an earlier lease is a dead holder's: it may have
-        died before answering, or after answering but before marking the claim done. The
-        platform says which: a reply of ours carries the answered post's id in its props.
-        Answered → the claim is marked done; not answered → it becomes ours. (A holder that
-        is only paused past its lease, not dead, could still post between this check and its
-        fencing check: the window fencing cannot close against an API without tokens.)"""
-        durable, ttl = self.runtime.durable, self.config.dedup_ttl
-        raw = await durable.get(key)
-        seen = raw.decode() if isinstance(raw, bytes) else raw
-        holder = claims.holder_of(seen)
-        if seen is None or holder is None or not holder.startswith("lease-"):
-            return None  # done, released meanwhile, or not a listener's claim
-        try:
-            if int(holder.removeprefix("lease-")) >= lease.token:
-                return None  # our own lease's: being answered here now
-        except ValueError:
-            return None
-        try:
-            answered = await self._answered_on_platform(client, post)
-        except _NETWORK_ERRORS as exc:
-            log.warning("mattermost post %s: cannot check for an earlier reply (%s); "
-                        "left for the next catch-up", post.id, exc)
-            return None
-        if answered:
-            await claims.mark_done(durable, claims.Claim(key, seen, claims.Outcome.DUPLICATE),
-                                   ttl)
-            return None
-        log.info("mattermost post %s: taking over the claim of %s", post.id, holder)
-        return await claims.take_over(durable, key, seen, ttl, f"lease-{lease.token}")
-
-    async def _answered_on_platform(self, client: MattermostClient, post: Post) -> bool:
-        replies = await client.posts_since(post.channel_id, max(0, post.create_at - 1))
-        return any(reply.user_id == self.bot_user_id and reply.reply_to == post.id
-                   for reply in replies)
 
     async def _user_name(self, client: MattermostClient, post: Post) -> str:
         """The author's username (cached per process); the id when the lookup fails."""
@@ -434,14 +352,6 @@ class Listener:
                 return post.user_id
             self._user_names[post.user_id] = str(user.get("username") or post.user_id)
         return self._user_names[post.user_id]
-
-    async def _send(self, client: MattermostClient, lease: leases.Lease, post: Post,
-                    text: str) -> None:
-        """One reply, after the fencing check. Limits and 429 retries (``RateLimited`` carries
-        ``retry_after``) belong to the caller: the shared delivery loop of the conversations."""
-        if not await leases.holds(self.runtime.durable, lease):
-            raise LeaseLost(f"lease {lease.token} is no longer ours")
-        await client.create_post(post.channel_id, text, post.root_id or None, reply_to=post.id)
 
 
 def _cancelling() -> bool:

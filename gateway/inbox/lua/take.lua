@@ -1,7 +1,7 @@
 -- TAKE: lease up to `count` ready chats, longest waiting first, to one holder.
--- KEYS: ready, leases, owners
+-- KEYS: ready, leases, owners, failures
 -- ARGV: token, lease_ms, count, chat list key prefix
--- Returns a flat list: chat, head entry, chat, head entry, ...
+-- Returns a flat list: chat, head entry, earlier failed attempts of the head, chat, ...
 local now = now_ms()
 local deadline = now + tonumber(ARGV[2])
 local chats = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -14,6 +14,7 @@ for _, chat in ipairs(chats) do
     redis.call('HSET', KEYS[3], chat, ARGV[1])
     out[#out + 1] = chat
     out[#out + 1] = head
+    out[#out + 1] = tonumber(redis.call('HGET', KEYS[4], chat) or '0')
   end
 end
 return out

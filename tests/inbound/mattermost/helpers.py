@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config import Secret, Settings
-from gateway.inbound.mattermost.client import Post
-from gateway.inbound.mattermost.component import listener_config
-from gateway.inbound.mattermost.listener import Listener, PostHandler
+from gateway.inbound.mattermost.component import MattermostBot
+from gateway.inbound.mattermost.listener import Listener
+from gateway.inbox.consumer import Process
+from gateway.inbox.entry import Entry
 from gateway.outbound.delivery import Send
 from gateway.stores.runtime import Runtime
 from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
@@ -29,11 +30,13 @@ FAST: dict[str, Any] = {
     "ws_heartbeat": 5,
     "drain_seconds": 2,
 }
+INBOX_FAST: dict[str, Any] = {"lease_seconds": 2, "poll_seconds": 0.05, "outage_delay": 0.2,
+                              "failure_delay": 0.2, "drain_seconds": 2}
 
 
-async def echo_handler(post: Post, send: Send) -> None:
+async def echo_handler(entry: Entry, send: Send) -> None:
     """Answer every post with its own text: the listener's behaviour without a conversation."""
-    await send(f"echo: {post.message}")
+    await send(f"echo: {entry.incoming.text}")
 
 
 def mattermost_settings(settings: Settings, url: str, **fast: Any) -> Settings:
@@ -41,18 +44,20 @@ def mattermost_settings(settings: Settings, url: str, **fast: Any) -> Settings:
     return dataclasses.replace(
         settings, mattermost_url=url, mattermost_token=Secret(MATTERMOST_TOKEN),
         listener_lease_seconds=LEASE_SECONDS,
-        sections={**settings.sections, "mattermost": {**FAST, **fast}})
+        sections={**settings.sections, "mattermost": {**FAST, **fast}, "inbox": INBOX_FAST})
 
 
 @contextlib.asynccontextmanager
-async def running(runtime: Runtime, handler: PostHandler = echo_handler,
+async def running(runtime: Runtime, handler: Process | None = echo_handler,
                   instance: str | None = None) -> AsyncIterator[Listener]:
-    """A listener task for the duration of the block; stopped cleanly afterwards."""
-    listener = Listener(runtime, listener_config(runtime.settings), handler, instance=instance)
+    """The listener and its inbox consumer for the duration of the block (``handler`` None:
+    the conversation service answers); stopped cleanly afterwards."""
+    bot = MattermostBot(runtime, handler, instance=instance)
     stop = asyncio.Event()
-    task = asyncio.create_task(listener.run(stop))
+    task = asyncio.create_task(bot.run(stop))
     try:
-        yield listener
+        yield bot.listener
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        async with asyncio.timeout(10):
+            await task

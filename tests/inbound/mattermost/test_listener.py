@@ -16,8 +16,10 @@ from gateway.config import ConfigError, Settings
 from gateway.dedup import claims
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.backoff import Backoff
-from gateway.inbound.mattermost.component import listener_config
+from gateway.inbound.mattermost.client import Post
+from gateway.inbound.mattermost.component import MattermostBot, listener_config
 from gateway.inbound.mattermost.listener import LEASE_NAME
+from gateway.inbox.queue import Inbox
 from gateway.leases import lease as leases
 from gateway.leases import maintenance
 from gateway.stores.runtime import Runtime
@@ -143,9 +145,8 @@ async def test_health_flag_and_readyz_entry(runtime: Runtime, fake_mattermost: F
 
 async def test_cancelled_listener_flag_expires(runtime: Runtime,
                                                fake_mattermost: FakeMattermost) -> None:
-    from gateway.inbound.mattermost.component import build_listener
 
-    listener = build_listener(runtime)
+    listener = MattermostBot(runtime).listener
     task = asyncio.create_task(listener.run(asyncio.Event()))
     await wait_until(lambda: health.read(runtime.cache), timeout=5, message="flag")
     task.cancel()  # no clean stop: nothing clears the flag, its TTL does
@@ -159,8 +160,11 @@ async def test_cancelled_listener_flag_expires(runtime: Runtime,
     await wait_until(expired, timeout=3, message="flag expiry (TTL 1.5 s)")
 
 
-async def test_holder_that_lost_its_lease_stops_answering(
+async def test_holder_that_lost_its_lease_stands_by_and_nothing_is_answered_twice(
         runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
+    """A post that reached the old holder before it noticed is taken in by it (the claim
+    makes any second intake a duplicate); the listener leaves its socket, and after the
+    other replica goes away it takes the lease back: one answer in all."""
     fake = fake_mattermost
     durable = runtime.durable
     async with running(runtime) as listener:
@@ -171,16 +175,18 @@ async def test_holder_that_lost_its_lease_stops_answering(
         await durable.delete(leases.lease_key(LEASE_NAME))
         thief = await leases.acquire(durable, LEASE_NAME, "other-replica", 30)
         assert thief is not None and thief.token > mine.token
-        post = await fake.create_post("general", "who answers?")
+        await fake.create_post("general", "who answers?")
         await wait_until(lambda: listener.lease is None, timeout=5, message="standing by")
-        assert fake.open_sockets == 0 and fake.replies() == []
-        # Unanswered and unclaimed: whoever holds the lease answers it on its catch-up.
-        assert await claims.state(durable, keys.dedup_mattermost_post(post["id"])) is None
+        assert fake.open_sockets == 0
 
         await leases.release(durable, thief)  # the other replica goes away
-        await fake.wait_for_replies(1, timeout=5)
+        await wait_until(lambda: listener.lease is not None, timeout=5, message="lease back")
         assert listener.lease is not None and listener.lease.token > thief.token
-    assert fake.reply_messages() == ["echo: who answers?"]
+        await fake.wait_for_replies(1, timeout=5)
+        await fake.wait_for_sockets(1)
+        await fake.create_post("general", "and now?")  # live again: the catch-up is done
+        await fake.wait_for_replies(2, timeout=5)
+    assert fake.reply_messages() == ["echo: who answers?", "echo: and now?"]
 
 
 async def test_malformed_and_foreign_events_are_ignored(
@@ -234,10 +240,9 @@ def test_posted_event_decoding() -> None:
 
 async def test_replies_go_through_the_conversation_service(
         runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
-    from gateway.inbound.mattermost.component import default_handler
 
     fake = fake_mattermost
-    async with running(runtime, handler=default_handler(runtime)):
+    async with running(runtime, handler=None):
         await fake.wait_for_sockets(1)
         first = await fake.create_post("general", "hello")
         await fake.wait_for_replies(1)
@@ -325,79 +330,33 @@ async def test_durable_outage_fences_the_holder_then_it_recovers(
         await durable.aclose()
 
 
-async def _dead_holders_claim(runtime: Runtime, post_id: str) -> str:
-    """The claim a listener of an earlier lease (token 0: before any this test takes) left
-    in progress when it died."""
-    value = claims.new_token("lease-0")
-    await runtime.durable.set(keys.dedup_mattermost_post(post_id), value,
-                              ex=runtime.settings.dedup_ttl)
-    return value
-
-
-async def test_a_dead_holders_unanswered_post_is_taken_over_and_answered_once(
+async def test_a_retried_entry_already_answered_on_the_platform_is_not_sent_again(
         runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
-    fake = fake_mattermost
-    post = fake.make_post("general", "asked just before the crash")
-    await _dead_holders_claim(runtime, post["id"])
-    async with running(runtime) as listener:
-        [reply] = await fake.wait_for_replies(1, timeout=5)
-        assert reply["message"] == "echo: asked just before the crash"
-        assert reply["props"] == {"gateway_reply_to": post["id"]}
-        assert listener.lease is not None
-        # A later catch-up (after a drop) reads the post again: still one answer.
-        assert await fake.drop_sockets(1011) == 1
-        later = fake.make_post("general", "after the drop")  # only a catch-up finds it
-        await fake.wait_for_connections(2)
-        await wait_until(lambda: "echo: after the drop" in fake.reply_messages(),
-                         timeout=5, message="the second catch-up ran")
-    assert fake.reply_messages() == ["echo: asked just before the crash",
-                                     "echo: after the drop"]
-    assert later["id"]
-    assert await claims.state(runtime.durable, keys.dedup_mattermost_post(post["id"])) == \
-        claims.DONE
-
-
-async def test_a_dead_holders_answered_post_is_not_answered_again(
-        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
-    """The holder posted its reply, then died before marking the claim done."""
+    """A holder posted its reply and died before acknowledging the entry: the next holder
+    sees our reply on the platform (its props name the post) and posts no second one."""
     fake = fake_mattermost
     post = fake.make_post("general", "answered, then the crash")
     fake.make_post("general", "echo: answered, then the crash", user_id=BOT_USER_ID,
                    props={"gateway_reply_to": post["id"]})
-    await _dead_holders_claim(runtime, post["id"])
-    other = fake.make_post("general", "a later question")  # proves the catch-up ran
+    bot = MattermostBot(runtime)
+    queue = bot.inbox.queue
+    await bot.accept(Post.from_api(post))  # the dead holder's state: in the inbox,
+    [taken] = await queue.take("dead-holder", 1)  # taken, and its lease run out
+    await queue.release(taken.chat, "dead-holder", delay=0, counted=True)
+    later = fake.make_post("general", "a later question")  # proves the consumer ran
     async with running(runtime):
         await wait_until(lambda: "echo: a later question" in fake.reply_messages(),
-                         timeout=5, message="catch-up answered the later post")
-        key = keys.dedup_mattermost_post(post["id"])
-        await wait_until(lambda: claims.state(runtime.durable, key), timeout=5,
-                         message="the dead holder's claim marked done")
-        assert await claims.state(runtime.durable, key) == claims.DONE
+                         timeout=10, message="the later post answered")
+        await wait_until(lambda: _chat_empty(queue, taken.chat), timeout=5,
+                         message="the retried entry acknowledged")
     # The earlier reply was on the platform already (made above, not through the REST API
     # this fake records): nothing was posted again.
     assert fake.reply_messages() == ["echo: a later question"]
-    assert other["id"]
+    assert later["id"]
 
 
-async def test_a_claim_of_the_current_lease_is_not_taken_over(
-        runtime: Runtime, fake_mattermost: FakeMattermost) -> None:
-    """Another delivery of a post this holder is answering right now is a duplicate."""
-    fake = fake_mattermost
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def slow_echo(post: Any, send: Callable[[str], Any]) -> None:
-        started.set()
-        await release.wait()
-        await send(f"echo: {post.message}")
-
-    async with running(runtime, handler=slow_echo):
-        await fake.wait_for_sockets(1)
-        post = await fake.create_post("general", "slow one")
-        await asyncio.wait_for(started.wait(), 5)
-        assert await fake.redeliver(post["id"]) == 1
-        release.set()
-        await fake.wait_for_replies(1)
-    assert fake.reply_messages() == ["echo: slow one"]
+async def _chat_empty(queue: Inbox, chat: str) -> bool:
+    return await queue.redis.llen(queue.chat_list(chat)) == 0
 
 
 async def test_catch_up_leaves_posts_that_were_only_edited_since(
@@ -419,20 +378,21 @@ async def test_catch_up_leaves_posts_that_were_only_edited_since(
 
 async def test_a_post_whose_claim_failed_is_answered_while_the_socket_stays_up(
         runtime: Runtime, fake_mattermost: FakeMattermost, monkeypatch: pytest.MonkeyPatch) -> None:
-    """redis-durable refuses the claim once: the post is tried again on its own, without
+    """redis-durable refuses the intake once: the post is tried again on its own, without
     waiting for a reconnect's catch-up (none comes while the socket stays up)."""
     fake = fake_mattermost
-    real_claim, refused = claims.claim, []
+    real_push, refused = Inbox.push, []
 
-    async def claim_refused_once(durable: Any, key: str, *args: Any) -> Any:
+    async def push_refused_once(self: Inbox, chat: str, entry: Any, key: Any,
+                                ttl: int) -> Any:
         if not refused:
             refused.append(key)
             raise RedisConnectionError("redis-durable went away for a moment")
-        return await real_claim(durable, key, *args)
+        return await real_push(self, chat, entry, key, ttl)
 
     async with running(runtime):
         await fake.wait_for_sockets(1)
-        monkeypatch.setattr(claims, "claim", claim_refused_once)
+        monkeypatch.setattr(Inbox, "push", push_refused_once)
         post = await fake.create_post("general", "asked during a blip")
         await fake.wait_for_replies(1, timeout=10)
         assert refused == [keys.dedup_mattermost_post(post["id"])]

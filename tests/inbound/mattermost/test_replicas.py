@@ -15,13 +15,14 @@ from gateway import keys
 from gateway.dedup import claims
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.listener import LEASE_NAME
+from gateway.inbox.queue import Inbox
 from gateway.leases import lease as leases
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.pytest_plugin import MATTERMOST_TOKEN
 from tests.helpers import wait_until
-from tests.inbound.mattermost.helpers import FAST, LEASE_SECONDS
+from tests.inbound.mattermost.helpers import FAST, INBOX_FAST, LEASE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[3]
 Process = asyncio.subprocess.Process
@@ -31,6 +32,7 @@ def listener_env(servers: ServerSet, fake: FakeMattermost, directory: Path,
                  extra_config: str = "") -> dict[str, str]:
     config = directory / "gateway.toml"
     config.write_text("[mattermost]\n" + "".join(f"{k} = {v}\n" for k, v in FAST.items())
+                      + "[inbox]\n" + "".join(f"{k} = {v}\n" for k, v in INBOX_FAST.items())
                       + extra_config)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GATEWAY_", "MATTERMOST_", "TELEGRAM_", "SLACK_"))}
@@ -139,29 +141,27 @@ async def test_sigterm_steps_down_at_once(
 async def test_holder_killed_mid_answer_the_successor_answers_once(
         runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
         spawn: list[Process], tmp_path: Path) -> None:
-    """The active listener claims a post, stores it, and hangs in the handler; kill -9. The
-    standby finds the claim in progress under the dead lease, sees no reply of ours on the
-    platform, takes the claim over and answers: exactly one reply."""
+    """The active process takes a post into the inbox, leases its chat and hangs in the
+    handler; kill -9. The other process reclaims the chat when the lease runs out and
+    answers: exactly one reply."""
     fake = fake_mattermost
     env = listener_env(servers, fake, tmp_path, '[conversations]\n'
                        'handler = "tests.inbound.mattermost.hanging_handler:handler"\n')
     hanging = await start_listener({**env, "GATEWAY_TEST_HANG": "1"}, tmp_path / "hang.log")
     spawn.append(hanging)
     await fake.wait_for_sockets(1, timeout=30)
-    spawn.append(await start_listener(env, tmp_path / "standby.log"))
     post = await fake.create_post("general", "are you there?")
     key = keys.dedup_mattermost_post(post["id"])
-    await wait_until(lambda: claims.state(runtime.durable, key), timeout=10,
-                     message="the hanging holder's claim")
-    assert await claims.state(runtime.durable, key) == claims.IN_PROGRESS
+    queue = Inbox(runtime.durable, "mattermost")
+    await wait_until(lambda: _leased(queue), timeout=10, message="the hanging holder's lease")
+    assert await claims.state(runtime.durable, key) == claims.DONE  # durable: acknowledged
+    spawn.append(await start_listener(env, tmp_path / "standby.log"))
 
-    hanging.kill()  # mid-answer: claimed and stored, nothing sent
+    hanging.kill()  # mid-answer: stored, nothing sent
     await hanging.wait()
     [reply] = await fake.wait_for_replies(1, timeout=15)
     assert reply["message"] == "answer: are you there?"
     assert reply["props"] == {"gateway_reply_to": post["id"]}
-    await wait_until(lambda: _state_is(runtime, key, claims.DONE), timeout=5,
-                     message="the taken-over claim marked done")
     await fake.create_post("general", "and now?")  # the successor is live: proves it runs
     await fake.wait_for_replies(2, timeout=10)
     assert fake.reply_messages() == ["answer: are you there?", "answer: and now?"]
@@ -172,30 +172,34 @@ async def test_holder_killed_after_its_reply_went_out_is_not_answered_again(
         runtime: Runtime, servers: ServerSet, fake_mattermost: FakeMattermost,
         spawn: list[Process], tmp_path: Path) -> None:
     """The reply reached the platform, but the holder died waiting for the answer (so its
-    claim stays in progress and its stored reply unsettled). The successor finds our reply
-    on the platform and marks the claim done instead of answering a second time."""
+    entry is unacknowledged and its stored reply unsettled). The successor finds our reply
+    on the platform and does not post a second one."""
     fake = fake_mattermost
     env = listener_env(servers, fake, tmp_path, '[conversations]\n'
                        'handler = "tests.inbound.mattermost.hanging_handler:handler"\n')
     first = await start_listener(env, tmp_path / "first.log")
     spawn.append(first)
     await fake.wait_for_sockets(1, timeout=30)
-    spawn.append(await start_listener(env, tmp_path / "standby.log"))
     fake.stall_created_posts = True
-    post = await fake.create_post("general", "did it arrive?")
+    await fake.create_post("general", "did it arrive?")
     await fake.wait_for_replies(1, timeout=10)  # on the platform; its sender still waits
-    fake.stall_created_posts = False
-    key = keys.dedup_mattermost_post(post["id"])
-    assert await claims.state(runtime.durable, key) == claims.IN_PROGRESS
+    queue = Inbox(runtime.durable, "mattermost")
+    assert await _leased(queue)
+    spawn.append(await start_listener(env, tmp_path / "standby.log"))
 
     first.kill()
     await first.wait()
-    await wait_until(lambda: _state_is(runtime, key, claims.DONE), timeout=15,
-                     message="the successor marked the answered post done")
+    fake.stall_created_posts = False
+    await wait_until(lambda: _drained(queue), timeout=15,
+                     message="the successor settled the unacknowledged entry")
     await fake.create_post("general", "and now?")
     await fake.wait_for_replies(2, timeout=10)
     assert fake.reply_messages() == ["answer: did it arrive?", "answer: and now?"]
 
 
-async def _state_is(runtime: Runtime, key: str, wanted: str) -> bool:
-    return await claims.state(runtime.durable, key) == wanted
+async def _leased(queue: Inbox) -> bool:
+    return (await queue.depth())["leased_chats"] == 1
+
+
+async def _drained(queue: Inbox) -> bool:
+    return await queue.depth() == {"ready_chats": 0, "leased_chats": 0, "dead": 0}
