@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import time
@@ -209,7 +210,7 @@ class InboxConsumer:
             await self._release(chat, token, 0, counted=True, at_once=True)
             return False
         try:
-            send = self._fenced(chat, token, self.sender_for(entry, retried))
+            send = self._fenced(chat, token, head, self.sender_for(entry, retried))
             await self.process(entry, send)
         except LeaseLost:
             return False
@@ -224,11 +225,23 @@ class InboxConsumer:
             return False
         return True
 
-    def _fenced(self, chat: str, token: str, send: Send) -> Send:
+    def _fenced(self, chat: str, token: str, head: str, send: Send) -> Send:
+        """``send`` behind the fencing check, and nothing when the head's reply left already
+        (the send succeeded, then a store failed before the reply was recorded, and the
+        entry was given back)."""
+        digest = hashlib.blake2b(head.encode(), digest_size=12).hexdigest()
+
         async def fenced(text: str) -> None:
-            if not await self.inbox.holds(chat, token):
+            holds, sent = await self.inbox.before_send(chat, token, digest)
+            if not holds:
                 raise LeaseLost(chat)
+            if sent:
+                return
             await send(text)
+            try:
+                await self.inbox.mark_sent(chat, digest)
+            except RedisError as exc:
+                self._outage(exc)
 
         return fenced
 

@@ -76,6 +76,7 @@ class Inbox:
         self.owners = keys.inbox(platform, "owners")
         self.failures = keys.inbox(platform, "failures")
         self.dead = keys.inbox(platform, "dead")
+        self.sent = keys.inbox(platform, "sent")
         self.prefix = keys.inbox(platform, "chat", "")
         self._lease_ms = str(int(self.limits.lease_seconds * 1000))
 
@@ -124,7 +125,7 @@ class Inbox:
         """Drop the processed head; the next entry (still leased to us), None when the chat
         is done, or ``Lost.LEASE``."""
         result = await self._scripts.ack(
-            keys=[self.leases, self.owners, self.failures, self.chat_list(chat)],
+            keys=[self.leases, self.owners, self.failures, self.chat_list(chat), self.sent],
             args=[chat, token, head, self._lease_ms])
         if result is None:
             return Lost.LEASE
@@ -154,6 +155,20 @@ class Inbox:
 
     async def holds(self, chat: str, token: str) -> bool:
         return _text(await self.redis.hget(self.owners, chat) or "") == token
+
+    async def before_send(self, chat: str, token: str, digest: str) -> tuple[bool, bool]:
+        """(we still hold the chat, the reply to the head with ``digest`` already left), in
+        one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self.owners, chat)
+            pipe.hget(self.sent, chat)
+            owner, sent = await pipe.execute()
+        return _text(owner or "") == token, _text(sent or "") == digest
+
+    async def mark_sent(self, chat: str, digest: str) -> None:
+        """The head's reply left: a retry of the head (a store failed after the send) must
+        not send it again. ACK forgets it."""
+        await self.redis.hset(self.sent, chat, digest)
 
     async def reclaim(self, limit: int = 100) -> int:
         return int(await self._scripts.reclaim(

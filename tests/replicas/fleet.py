@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +39,10 @@ Process = asyncio.subprocess.Process
 
 
 def fleet_env(servers: ServerSet, telegram: FakeTelegram, slack: FakeSlack,
-              directory: Path) -> dict[str, str]:
+              directory: Path, extra_config: str = "") -> dict[str, str]:
     """The environment every process of the fleet shares (each serve adds its port)."""
     config = directory / "gateway.toml"
-    config.write_text(CONFIG)
+    config.write_text(CONFIG + extra_config)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GATEWAY_", "MATTERMOST_", "TELEGRAM_", "SLACK_"))}
     env.update(TIMINGS)
@@ -107,6 +108,18 @@ class Fleet:
             return all(await asyncio.gather(*(ready(url) for _, url in self.servers)))
 
         await wait_until(all_ready, timeout=timeout, message="every replica ready")
+
+    async def kill_all(self) -> list[Process]:
+        """``kill -9`` every process of the fleet at once; they are forgotten (``start``
+        brings up new ones)."""
+        procs = [p for p, _ in self.servers] + self.workers
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+        for proc in procs:
+            await proc.wait()
+        self.servers, self.workers = [], []
+        return procs
 
     def check_alive(self, *killed: Process) -> None:
         """Fail at once (pointing at the logs) when a process the test did not kill died."""

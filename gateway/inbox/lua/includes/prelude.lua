@@ -1,8 +1,9 @@
 -- Shared prelude, prepended to every inbox script by gateway/inbox/scripts.py.
 -- Per platform: a ready sorted set (chat -> when it became ready, ms), a lease sorted set
 -- (chat -> lease deadline, ms), an owners hash (chat -> the holder's token), a failures hash
--- (chat -> failed attempts of its head entry), a dead-letter list, and one list per chat
--- (its entries in arrival order; the head is the one being processed).
+-- (chat -> failed attempts of its head entry), a sent hash (chat -> digest of the head
+-- entry whose reply has left), a dead-letter list, and one list per chat (its entries in
+-- arrival order; the head is the one being processed).
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
