@@ -1,11 +1,12 @@
 """The conversation service every chat adapter calls: ``handle_incoming``.
 
 Per message, under a per-chat lock (in-process FIFO lock, then a PostgreSQL advisory lock so
-several workers and replicas take turns on one chat): find the active conversation (redis-cache
-pointer, else PostgreSQL, else a new one), store the message and its feed row in one
-transaction, publish after commit, run the configured handler, store the reply and its feed
-row, then deliver it through ``send`` behind the platform's rate limits, with retries and a
-dead letter. The lock is held until the reply left, so replies keep the messages' order.
+several workers and replicas take turns on one chat), in one statement (``store.receive``,
+its own transaction): find the active conversation (redis-cache pointer, else PostgreSQL,
+else a new one), store the message and its feed row; publish after it, run the configured
+handler, store the reply and its feed row (``store.reply``, one statement too), then deliver
+it through ``send`` behind the platform's rate limits, with retries and a dead letter. The
+lock is held until the reply left, so replies keep the messages' order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
@@ -34,10 +34,6 @@ log = logging.getLogger("gateway.conversations")
 DEFAULT_IDLE_SECONDS = 7 * 86400
 RESERVED_CONNECTIONS = 2
 APOLOGY = "Sorry, I could not answer that just now. Please try again."
-
-
-def topic(conversation_id: int) -> str:
-    return f"conversation:{conversation_id}"
 
 
 @dataclass(frozen=True)
@@ -88,50 +84,41 @@ class ConversationService:
                              send: Send) -> Outcome:
         command = command_of(incoming.text)
         pointer = await self._read_pointer(incoming)
-        user_row = None
-        async with conn.transaction():
-            conversation, created = await self._resolve(conn, incoming, pointer)
-            seen = await store.find_inbound(conn, conversation.id, incoming.message_id)
-            if seen is None:
-                if command == "new" and not created:
-                    conversation, created = await store.start(conn, incoming), True
-                message = await store.add_message(
-                    conn, conversation, role="user", text=incoming.text,
-                    platform_message_id=incoming.message_id, user_id=incoming.user_id,
-                    user_name=incoming.user_name)
-                user_row = await feed.append(conn, topic(conversation.id), "message",
-                                             self._payload(incoming, message))
-                seq = message.seq
-        await self._write_pointer(incoming, conversation.id)
-        if user_row is not None:
-            await feed.publish(self.runtime.cache, user_row)
-        if seen is not None:
-            if seen.reply_seq is not None:
-                return await self._redelivered(conn, incoming, send, conversation.id, seen)
-            seq = seen.seq  # stored, but the handler never answered it (the process died)
-
-        reply = await self._run_handler(conn, incoming, conversation.id, seq, command, created)
+        received = await store.receive(conn, incoming, pointer, is_new=command == "new")
+        await self._write_pointer(incoming, received.conversation_id)
+        if received.row is not None:  # committed: the statement was its own transaction
+            await feed.publish(self.runtime.cache, received.row)
+        if received.duplicate and received.reply_seq is not None:
+            return await self._redelivered(conn, incoming, send, received)
+        # New, or stored before but never answered (the process died): run the handler.
+        conversation_id, seq = received.conversation_id, received.seq
+        reply = await self._run_handler(conn, incoming, conversation_id, seq, command,
+                                        received.created)
         if reply is None:
-            return Outcome(conversation.id, seq, None, False)
-        async with conn.transaction():
-            answer = await store.add_message(conn, conversation, role="bot", text=reply,
-                                             reply_to=seq)
-            bot_row = await feed.append(conn, topic(conversation.id), "message",
-                                        self._payload(incoming, answer))
-        await feed.publish(self.runtime.cache, bot_row)
-        delivered = await self._deliver(conn, incoming, send, conversation.id, answer.seq,
+            return Outcome(conversation_id, seq, None, False)
+        answer = await store.reply(conn, incoming, conversation_id, seq, reply)
+        if answer.row is None:
+            # Answered meanwhile by a handling that did not hold the chat lock: that one
+            # delivers its answer (or a redelivery sends it), so this one sends nothing.
+            log.warning("%s %s: message %s of conversation %s was answered already",
+                        incoming.platform, incoming.chat, seq, conversation_id)
+            return Outcome(conversation_id, seq, answer.text, False, duplicate=True)
+        await feed.publish(self.runtime.cache, answer.row)
+        delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
                                         reply)
-        return Outcome(conversation.id, seq, reply, delivered)
+        return Outcome(conversation_id, seq, reply, delivered)
 
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
-                           conversation_id: int, seen: store.Inbound) -> Outcome:
+                           seen: store.Received) -> Outcome:
         """The platform sent a message we stored and answered before: at most once."""
         if seen.reply_seq is None or seen.reply_text is None or seen.reply_settled:
-            return Outcome(conversation_id, seen.seq, seen.reply_text, False, duplicate=True)
+            return Outcome(seen.conversation_id, seen.seq, seen.reply_text, False,
+                           duplicate=True)
         # Stored but never handed off (the process died in between): send that reply now.
-        delivered = await self._deliver(conn, incoming, send, conversation_id,
+        delivered = await self._deliver(conn, incoming, send, seen.conversation_id,
                                         seen.reply_seq, seen.reply_text)
-        return Outcome(conversation_id, seen.seq, seen.reply_text, delivered, duplicate=True)
+        return Outcome(seen.conversation_id, seen.seq, seen.reply_text, delivered,
+                       duplicate=True)
 
     async def _deliver(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                        conversation_id: int, seq: int, text: str) -> bool:
@@ -142,18 +129,6 @@ class ConversationService:
                                   conversation_id=conversation_id, seq=seq)
         await store.settle(conn, conversation_id, seq)
         return delivered
-
-    async def _resolve(self, conn: asyncpg.Connection, incoming: Incoming,
-                       pointer: int | None) -> tuple[store.Conversation, bool]:
-        """The active conversation (locked for this transaction) and whether it is new."""
-        if pointer is not None:
-            found = await store.active_by_id(conn, pointer)
-            if found is not None:
-                return found, False
-        found = await store.active_for_chat(conn, incoming)
-        if found is not None:
-            return found, False
-        return await store.start(conn, incoming), True
 
     async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,
                            conversation_id: int, count: int, command: str | None,
@@ -187,13 +162,6 @@ class ConversationService:
                                          ex=self.idle_seconds)
         except Exception as exc:
             log.warning("conversation pointer not written (%s)", type(exc).__name__)
-
-    @staticmethod
-    def _payload(incoming: Incoming, message: store.Message) -> dict[str, Any]:
-        return {"conversation_id": message.conversation_id, "seq": message.seq,
-                "role": message.role, "text": message.text, "platform": incoming.platform,
-                "chat": incoming.chat, "thread": incoming.thread,
-                "user_id": message.user_id, "user_name": message.user_name}
 
 
 _SERVICE_ATTR = "_conversation_service"

@@ -1,5 +1,9 @@
 """Conversation rows in PostgreSQL: the system of record for which conversation is active
-and what was said. Every function runs on the caller's connection (and transaction)."""
+and what was said. Every function runs on the caller's connection (and transaction).
+
+Storing a message and storing its reply are one statement each, the PL/pgSQL functions of
+``0005_conversation_functions.sql``: called outside a transaction, each commits on its own,
+so the :class:`FeedRow` it returns may be published as soon as it returns."""
 
 from __future__ import annotations
 
@@ -9,12 +13,7 @@ from typing import Any
 import asyncpg
 
 from gateway.conversations.model import Incoming, chat_key
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: int
-    message_count: int
+from gateway.push.protocol import FeedRow
 
 
 @dataclass(frozen=True)
@@ -64,58 +63,91 @@ def _lock_name(incoming: Incoming) -> str:
     return f"conversation:{incoming.platform}:{chat_key(incoming)}"
 
 
-async def active_by_id(conn: asyncpg.Connection, conversation_id: int) -> Conversation | None:
-    """The conversation a cache pointer names, if it is still the active one."""
-    row = await conn.fetchrow(
-        "SELECT id, message_count FROM conversations WHERE id = $1 AND active FOR UPDATE",
-        conversation_id)
-    return Conversation(row["id"], row["message_count"]) if row else None
-
-
-async def active_for_chat(conn: asyncpg.Connection, incoming: Incoming) -> Conversation | None:
-    row = await conn.fetchrow(
-        "SELECT id, message_count FROM conversations"
-        " WHERE platform = $1 AND chat_key = $2 AND active FOR UPDATE",
-        incoming.platform, chat_key(incoming))
-    return Conversation(row["id"], row["message_count"]) if row else None
-
-
-async def start(conn: asyncpg.Connection, incoming: Incoming) -> Conversation:
-    """End the chat's active conversation (if any) and start a new one (``/new``)."""
-    await conn.execute(
-        "UPDATE conversations SET active = false, ended_at = now()"
-        " WHERE platform = $1 AND chat_key = $2 AND active",
-        incoming.platform, chat_key(incoming))
-    row = await conn.fetchrow(
-        "INSERT INTO conversations (platform, chat_key, chat, thread, team)"
-        " VALUES ($1, $2, $3, $4, $5) RETURNING id, message_count",
-        incoming.platform, chat_key(incoming), incoming.chat, incoming.thread, incoming.team)
-    assert row is not None
-    return Conversation(row["id"], row["message_count"])
+def topic(conversation_id: int) -> str:
+    """The conversation's feed topic (always valid for ``check_topic``)."""
+    return f"conversation:{conversation_id}"
 
 
 @dataclass(frozen=True)
-class Inbound:
-    """A user message stored before (a redelivery) and the state of its reply."""
+class Received:
+    """What storing one user message did.
 
+    ``duplicate``: the platform message id was stored before in the active conversation
+    (a redelivery), nothing was stored, ``seq`` is the stored message's and ``reply_*`` its
+    reply's state. Otherwise ``row`` is the feed row of the message just stored."""
+
+    conversation_id: int
+    created: bool  # this message started the conversation (first contact or /new)
+    duplicate: bool
     seq: int
     reply_seq: int | None
     reply_text: str | None
     reply_settled: bool
+    row: FeedRow | None
 
 
-async def find_inbound(conn: asyncpg.Connection, conversation_id: int,
-                       message_id: str) -> Inbound | None:
-    row = await conn.fetchrow(
-        "SELECT m.seq, r.seq AS reply_seq, r.text AS reply_text,"
-        " r.settled_at IS NOT NULL AS settled"
-        " FROM conversation_messages m LEFT JOIN conversation_messages r"
-        "   ON r.conversation_id = m.conversation_id AND r.role = 'bot' AND r.reply_to = m.seq"
-        " WHERE m.conversation_id = $1 AND m.role = 'user' AND m.platform_message_id = $2",
-        conversation_id, message_id)
-    if row is None:
+@dataclass(frozen=True)
+class Replied:
+    """The stored reply; ``row`` is None when the message had been answered before (that
+    answer is returned, nothing stored)."""
+
+    seq: int
+    text: str
+    row: FeedRow | None
+
+
+_RECEIVE = ("SELECT * FROM conversation_receive("
+            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+_REPLY = "SELECT * FROM conversation_reply($1, $2, $3, $4, $5, $6)"
+
+
+async def receive(conn: asyncpg.Connection, incoming: Incoming, pointer: int | None,
+                  is_new: bool) -> Received:
+    """Store ``incoming`` in the chat's active conversation in one round trip.
+
+    ``pointer`` is the cached conversation id (NULL or stale is fine); ``is_new`` ends the
+    active conversation first (``/new``) unless this message is the chat's first."""
+    record = await conn.fetchrow(
+        _RECEIVE, incoming.platform, chat_key(incoming), incoming.chat, incoming.thread,
+        incoming.team, pointer, incoming.message_id, incoming.user_id, incoming.user_name,
+        incoming.text, is_new)
+    assert record is not None
+    conversation_id, seq = record["conversation_id"], record["seq"]
+    row = _feed_row(record, incoming, Message(conversation_id, seq, "user", incoming.text,
+                                              incoming.user_id, incoming.user_name))
+    return Received(conversation_id, record["created"], record["duplicate"], seq,
+                    record["reply_seq"], record["reply_text"], bool(record["reply_settled"]),
+                    row)
+
+
+async def reply(conn: asyncpg.Connection, incoming: Incoming, conversation_id: int,
+                reply_to: int, text: str) -> Replied:
+    """Store the bot's answer to message ``reply_to`` in one round trip; an answer stored
+    before is returned instead (one answer per message)."""
+    record = await conn.fetchrow(_REPLY, conversation_id, reply_to, text, incoming.platform,
+                                 incoming.chat, incoming.thread)
+    assert record is not None
+    row = _feed_row(record, incoming, Message(conversation_id, record["seq"], "bot",
+                                              record["text"], None, None))
+    return Replied(record["seq"], record["text"], row)
+
+
+def _feed_row(record: asyncpg.Record, incoming: Incoming, message: Message) -> FeedRow | None:
+    """The feed row the statement appended (None when it stored nothing), its payload
+    built here exactly as the SQL built it, so it is signalled without reading it back."""
+    if record["feed_offset"] is None:
         return None
-    return Inbound(row["seq"], row["reply_seq"], row["reply_text"], bool(row["settled"]))
+    return FeedRow(topic(message.conversation_id), record["feed_offset"],
+                   record["feed_epoch"], "message", payload(incoming, message),
+                   record["feed_created_at"])
+
+
+def payload(incoming: Incoming, message: Message) -> dict[str, Any]:
+    """A message's feed payload; ``conversation_append`` in the migration builds the same."""
+    return {"conversation_id": message.conversation_id, "seq": message.seq,
+            "role": message.role, "text": message.text, "platform": incoming.platform,
+            "chat": incoming.chat, "thread": incoming.thread,
+            "user_id": message.user_id, "user_name": message.user_name}
 
 
 async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
@@ -124,22 +156,6 @@ async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
     await conn.execute(
         "UPDATE conversation_messages SET settled_at = now()"
         " WHERE conversation_id = $1 AND seq = $2", conversation_id, seq)
-
-
-async def add_message(conn: asyncpg.Connection, conversation: Conversation, *, role: str,
-                      text: str, platform_message_id: str | None = None,
-                      reply_to: int | None = None, user_id: str | None = None,
-                      user_name: str | None = None) -> Message:
-    """Append a message as the conversation's next seq (the caller holds the chat lock and
-    the conversation row)."""
-    seq = await conn.fetchval(
-        "UPDATE conversations SET message_count = message_count + 1, last_message_at = now()"
-        " WHERE id = $1 RETURNING message_count", conversation.id)
-    await conn.execute(
-        "INSERT INTO conversation_messages (conversation_id, seq, role, platform_message_id,"
-        " reply_to, user_id, user_name, text) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        conversation.id, seq, role, platform_message_id, reply_to, user_id, user_name, text)
-    return Message(conversation.id, seq, role, text, user_id, user_name)
 
 
 async def history(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
