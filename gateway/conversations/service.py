@@ -1,7 +1,9 @@
-"""The conversation service every chat adapter calls: ``handle_incoming``.
+"""The conversation service: ``handle_leased`` for the inbox consumers, ``handle_incoming``
+for any other caller.
 
-Per message, under a per-chat lock (in-process FIFO lock, then a PostgreSQL advisory lock so
-several workers and replicas take turns on one chat), in one statement (``store.receive``,
+Per message, one chat at a time (the inbox consumer's chat lease; or, for other callers, an
+in-process FIFO lock then a PostgreSQL advisory lock so several processes take turns on one
+chat), in one statement (``store.receive``,
 its own transaction): find the active conversation (redis-cache pointer, else PostgreSQL,
 else a new one), store the message and its feed row; publish after it, run the configured
 handler, store the reply and its feed row (``store.reply``, one statement too), then deliver
@@ -68,6 +70,12 @@ class ConversationService:
         self.in_flight = asyncio.Semaphore(int(section.get(
             "max_chats_in_flight", max(1, pool_size - RESERVED_CONNECTIONS))))
 
+    async def handle_leased(self, incoming: Incoming, send: Send) -> Outcome:
+        """Handle a message whose chat the caller holds exclusively across every process
+        (an inbox lease, fenced before each send): no chat lock of our own is needed."""
+        async with self.in_flight, self.runtime.pg.acquire() as conn:
+            return await self._handle_locked(conn, incoming, send)
+
     async def handle(self, incoming: Incoming, send: Send) -> Outcome:
         async with self.locks.hold(f"{incoming.platform}:{chat_key(incoming)}"), \
                 self.in_flight:
@@ -85,9 +93,12 @@ class ConversationService:
         command = command_of(incoming.text)
         pointer = await self._read_pointer(incoming)
         received = await store.receive(conn, incoming, pointer, is_new=command == "new")
-        await self._write_pointer(incoming, received.conversation_id)
+        # Both to redis-cache, side by side: one round trip of waiting.
         if received.row is not None:  # committed: the statement was its own transaction
-            await feed.publish(self.runtime.cache, received.row)
+            await asyncio.gather(self._write_pointer(incoming, received.conversation_id),
+                                 feed.publish(self.runtime.cache, received.row))
+        else:
+            await self._write_pointer(incoming, received.conversation_id)
         if received.duplicate and received.reply_seq is not None:
             return await self._redelivered(conn, incoming, send, received)
         # New, or stored before but never answered (the process died): run the handler.

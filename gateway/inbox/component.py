@@ -57,7 +57,7 @@ class PlatformInbox:
 
     async def _process(self, entry: Entry, send: Send) -> None:
         """The conversation service: store, answer, deliver (idempotent on redelivery)."""
-        await service_for(self.runtime).handle(entry.incoming, send)
+        await service_for(self.runtime).handle_leased(entry.incoming, send)
 
     def run_with(self, app: web.Application, ready: asyncio.Event | None = None) -> None:
         """Run the consumer while the app runs, from when ``ready`` is set (the adapter can
