@@ -14,6 +14,13 @@ Run from the repository root: ``python bench/conversations.py [--messages 1000] 
    Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
    the figure is what crossed the network, not what the code claims.
 
+3. Inbox: the chat path as the adapters run it. Per message ``Inbox.push`` (the claim and
+   the entry in one script: what happens before the platform's 2xx), then the consumer
+   leases the chat and (a) only stores the message and its feed row ("arrival to stored")
+   or (b) runs the whole ``handle_leased`` (store, default handler, reply, limiter, send,
+   settle) and acknowledges, vs the same bare baseline.
+4. Round trips per message, counted by proxies in front of each store (``bench/rtt.py``).
+
 Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
 """
 
@@ -36,7 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway import keys
 from gateway.config import Settings
-from gateway.conversations.service import Incoming, handle_incoming
+from gateway.conversations.service import Incoming, handle_incoming, service_for
+from gateway.inbox.component import PlatformInbox
+from gateway.inbox.entry import Entry
+from gateway.outbound.delivery import Send
 from gateway.push import feed
 from gateway.ratelimit import Limiter
 from gateway.stores import embedded
@@ -45,7 +55,50 @@ from gateway.stores.runtime import Runtime, open_runtime
 
 CONCURRENCY = 32
 HIGH = {"rate": 1_000_000, "period": 1, "burst": 1_000_000}
-SECTIONS = {"ratelimit": {"platforms": {"telegram": {"bot": HIGH, "chat": HIGH}}}}
+SECTIONS = {"ratelimit": {"platforms": {"telegram": {"bot": HIGH, "chat": HIGH}}},
+            "inbox": {"max_chats": 64, "poll_seconds": 0.01}}
+_update_ids = itertools.count(1)
+
+
+async def inbox_run(rt: Runtime, prefix: str, chats: int, per_chat: int,
+                    whole: bool) -> float:
+    """Messages/s through the inbox: ``chats`` producers push ``per_chat`` messages each
+    while one consumer stores (or wholly handles) them; timed until the last is done."""
+    service = service_for(rt)
+    done, total = asyncio.Event(), chats * per_chat
+    processed = 0
+
+    async def send(text: str) -> None:
+        return None
+
+    async def process(entry: Entry, send: Send) -> None:
+        nonlocal processed
+        if whole:
+            await service.handle_leased(entry.incoming, send)
+        else:
+            await service.receive_leased(entry.incoming)
+        processed += 1
+        if processed == total:
+            done.set()
+
+    inbox = PlatformInbox(rt, "telegram", lambda entry, retried: send, process)
+    stop = asyncio.Event()
+    consumer = asyncio.create_task(inbox.consumer.run(stop))
+
+    async def producer(chat: int) -> None:
+        for i in range(per_chat):
+            incoming = Incoming(platform="telegram", chat=f"{prefix}{chat:04d}", thread=None,
+                                user_id="u", user_name="bench", text=f"message {i}",
+                                message_id=str(i))
+            await inbox.push(Entry(incoming), keys.dedup_telegram_update(1, next(_update_ids)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(producer(c) for c in range(chats)))
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await consumer
+    return total / elapsed
 
 
 async def limiter_round(rt: Runtime, calls: int) -> tuple[float, float]:
@@ -168,20 +221,31 @@ async def round_trips_per_message(settings: Settings, messages: int = 200,
                     await feed.append(conn, f"bench:{prefix}:{chat}", "message",
                                       {"seq": seq})
 
-        for label, worker in (("message", chat_worker), ("bare insert+feed", bare_worker)):
-            # Twice the measured concurrency: prepares the statements on the pooled connections.
-            await asyncio.gather(*(worker("rttw", c, 3) for c in range(2 * chats)))
-            counts = {name: p.count for name, p in proxies.items()}
-            opened = sum(p.connections for p in proxies.values())
-            await asyncio.gather(*(worker("rtt", c, per_chat) for c in range(chats)))
-            done = per_chat * chats
-            per = {name: (p.count - counts[name]) / done for name, p in proxies.items()}
+        def counts() -> tuple[dict[str, int], int]:
+            return ({name: p.count for name, p in proxies.items()},
+                    sum(p.connections for p in proxies.values()))
+
+        def report(label: str, before: tuple[dict[str, int], int], done: int) -> None:
+            per = {name: (p.count - before[0][name]) / done for name, p in proxies.items()}
             print(f"round trips per {label}: redis-durable {per['redis-durable']:.2f}, "
                   f"redis-cache {per['redis-cache']:.2f}, postgresql {per['postgresql']:.2f}, "
                   f"total {sum(per.values()):.2f}")
-            if new := sum(p.connections for p in proxies.values()) - opened:
+            if new := sum(p.connections for p in proxies.values()) - before[1]:
                 print(f"  ({new} connection(s) opened during the measurement: their setup "
                       "round trips are included)")
+
+        for label, worker in (("message", chat_worker), ("bare insert+feed", bare_worker)):
+            # Twice the measured concurrency: prepares the statements on the pooled connections.
+            await asyncio.gather(*(worker("rttw", c, 3) for c in range(2 * chats)))
+            before = counts()
+            await asyncio.gather(*(worker("rtt", c, per_chat) for c in range(chats)))
+            report(label, before, per_chat * chats)
+        for label, whole in (("inbox message, arrival to stored", False),
+                             ("inbox message, arrival to answered", True)):
+            await inbox_run(rt, f"rttw{int(whole)}-", 2 * chats, 3, whole)
+            before = counts()
+            await inbox_run(rt, f"rtt{int(whole)}-", chats, per_chat, whole)
+            report(label, before, per_chat * chats)
 
 
 async def main_async(args: argparse.Namespace, root: Path) -> None:
@@ -206,6 +270,12 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                                                          round_no)
                 print(f"round {round_no} conversations: handle_incoming {service:,.0f} msg/s,"
                       f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
+                per_chat = args.messages // args.chats
+                stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
+                whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
+                print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
+                      f"{stored / bare:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
+                      f"{whole / bare:.2f}) vs bare insert+feed")
             await round_trips_per_message(settings)
         finally:
             await rt.close()

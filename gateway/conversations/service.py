@@ -27,6 +27,7 @@ from gateway.conversations.model import Incoming, chat_key, command_of, pointer_
 from gateway.outbound.delivery import RetryPolicy, Send, deliver, limit_names
 from gateway.push import feed
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
 
 __all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
@@ -63,6 +64,8 @@ class ConversationService:
         self.policy = RetryPolicy.from_settings(settings)
         self.idle_seconds = int(section.get("idle_seconds", DEFAULT_IDLE_SECONDS))
         self.locks = KeyedLocks()
+        # Pointer reads and writes of concurrent chats share round trips and connections.
+        self.cache = AutoPipeline(runtime.cache)
         # A chat in flight holds a pooled connection until its reply has left, which can
         # include a platform's Retry-After. Leave RESERVED connections to the rest of the
         # process (feed reads, journal writes) however many chats are waiting.
@@ -91,14 +94,7 @@ class ConversationService:
     async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
                              send: Send) -> Outcome:
         command = command_of(incoming.text)
-        pointer = await self._read_pointer(incoming)
-        received = await store.receive(conn, incoming, pointer, is_new=command == "new")
-        # Both to redis-cache, side by side: one round trip of waiting.
-        if received.row is not None:  # committed: the statement was its own transaction
-            await asyncio.gather(self._write_pointer(incoming, received.conversation_id),
-                                 feed.publish(self.runtime.cache, received.row))
-        else:
-            await self._write_pointer(incoming, received.conversation_id)
+        received = await self._receive(conn, incoming, command)
         if received.duplicate and received.reply_seq is not None:
             return await self._redelivered(conn, incoming, send, received)
         # New, or stored before but never answered (the process died): run the handler.
@@ -118,6 +114,25 @@ class ConversationService:
         delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
                                         reply)
         return Outcome(conversation_id, seq, reply, delivered)
+
+    async def receive_leased(self, incoming: Incoming) -> store.Received:
+        """Only store the message (and signal it), as ``handle_leased`` does first: what
+        the benchmarks time as arrival to stored."""
+        async with self.in_flight, self.runtime.pg.acquire() as conn:
+            return await self._receive(conn, incoming, command_of(incoming.text))
+
+    async def _receive(self, conn: asyncpg.Connection, incoming: Incoming,
+                       command: str | None) -> store.Received:
+        """Store the message and its feed row (one statement), then the pointer and the push
+        signal to redis-cache side by side: one round trip of waiting."""
+        pointer = await self._read_pointer(incoming)
+        received = await store.receive(conn, incoming, pointer, is_new=command == "new")
+        if received.row is not None:  # committed: the statement was its own transaction
+            await asyncio.gather(self._write_pointer(incoming, received.conversation_id),
+                                 feed.publish(self.runtime.cache, received.row))
+        else:
+            await self._write_pointer(incoming, received.conversation_id)
+        return received
 
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                            seen: store.Received) -> Outcome:
@@ -159,7 +174,7 @@ class ConversationService:
     async def _read_pointer(self, incoming: Incoming) -> int | None:
         """The cached pointer; a missing or unreadable cache just means asking PostgreSQL."""
         try:
-            value = await self.runtime.cache.get(pointer_key(incoming))
+            value = await self.cache.execute("GET", pointer_key(incoming))
             return int(value) if value is not None else None
         except Exception as exc:
             log.warning("conversation pointer unreadable (%s); using PostgreSQL",
@@ -169,8 +184,8 @@ class ConversationService:
     async def _write_pointer(self, incoming: Incoming, conversation_id: int) -> None:
         """Set the pointer with a fresh TTL (sliding: every message renews it)."""
         try:
-            await self.runtime.cache.set(pointer_key(incoming), str(conversation_id),
-                                         ex=self.idle_seconds)
+            await self.cache.execute("SET", pointer_key(incoming), str(conversation_id),
+                                     "EX", self.idle_seconds)
         except Exception as exc:
             log.warning("conversation pointer not written (%s)", type(exc).__name__)
 

@@ -27,6 +27,7 @@ from gateway import keys
 from gateway.dedup import claims
 from gateway.inbox.entry import Entry
 from gateway.inbox.scripts import inbox_scripts
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 
 CLAIM_SECONDS = 30  # the cluster path's in-progress claim
@@ -65,8 +66,11 @@ def new_token() -> str:
 
 class Inbox:
     def __init__(self, redis: AnyRedis, platform: str,
-                 limits: InboxLimits | None = None) -> None:
+                 limits: InboxLimits | None = None, auto: AutoPipeline | None = None) -> None:
+        """``auto``: the per-message commands (push, ack, the checks around a send) of
+        concurrent callers then share round trips and connections."""
         self.redis = redis
+        self.auto = auto or AutoPipeline(redis)
         self.platform = platform
         self.limits = limits or InboxLimits()
         self.cluster = isinstance(redis, RedisCluster)
@@ -92,7 +96,7 @@ class Inbox:
         keys_ = [self.ready, self.leases, self.chat_list(chat)]
         if claim_key is not None:
             keys_.append(claim_key)
-        result = await self._scripts.push(keys=keys_, args=[
+        result = await self.auto.run_script(self._scripts.push, keys_, [
             chat, entry.encode(), self.limits.max_per_chat, ttl])
         return _PUSHED[int(result)]
 
@@ -124,9 +128,10 @@ class Inbox:
     async def ack(self, chat: str, token: str, head: str) -> str | Lost | None:
         """Drop the processed head; the next entry (still leased to us), None when the chat
         is done, or ``Lost.LEASE``."""
-        result = await self._scripts.ack(
-            keys=[self.leases, self.owners, self.failures, self.chat_list(chat), self.sent],
-            args=[chat, token, head, self._lease_ms])
+        result = await self.auto.run_script(
+            self._scripts.ack,
+            [self.leases, self.owners, self.failures, self.chat_list(chat), self.sent],
+            [chat, token, head, self._lease_ms])
         if result is None:
             return Lost.LEASE
         text = _text(result)
@@ -159,16 +164,17 @@ class Inbox:
     async def before_send(self, chat: str, token: str, digest: str) -> tuple[bool, bool]:
         """(we still hold the chat, the reply to the head with ``digest`` already left), in
         one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(self.owners, chat)
-            pipe.hget(self.sent, chat)
-            owner, sent = await pipe.execute()
+        owner, sent = await self.auto.batch([("HGET", self.owners, chat),
+                                             ("HGET", self.sent, chat)])
+        for reply in (owner, sent):
+            if isinstance(reply, Exception):
+                raise reply
         return _text(owner or "") == token, _text(sent or "") == digest
 
     async def mark_sent(self, chat: str, digest: str) -> None:
         """The head's reply left: a retry of the head (a store failed after the send) must
         not send it again. ACK forgets it."""
-        await self.redis.hset(self.sent, chat, digest)
+        await self.auto.execute("HSET", self.sent, chat, digest)
 
     async def reclaim(self, limit: int = 100) -> int:
         return int(await self._scripts.reclaim(

@@ -31,7 +31,7 @@ from typing import Any
 from hiredis import pack_command
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from gateway.stores.redis import AnyRedis
 
@@ -66,6 +66,16 @@ class AutoPipeline:
     async def execute(self, *args: Any) -> Any:
         """One command through the shared pipeline; raises its error."""
         (reply,) = await self.batch([args])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def run_script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A registered script (redis-py ``Script``) by SHA through the shared pipeline;
+        loaded and run directly when the server forgot it (restart, failover)."""
+        (reply,) = await self.batch([("EVALSHA", script.sha, len(keys), *keys, *args)])
+        if isinstance(reply, NoScriptError):
+            return await script(keys=list(keys), args=list(args))
         if isinstance(reply, Exception):
             raise reply
         return reply
