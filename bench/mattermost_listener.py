@@ -6,9 +6,9 @@ starts over from ``backoff_initial`` (drops in quick succession back off exponen
 
 Baseline, in the same invocation: the same number of replies POSTed straight to the fake
 server by a plain aiohttp client with the listener's concurrency (8). That is the floor (the
-reply traffic itself); the ratio shows what the WebSocket read, the dedup claim, the fencing
-check and the bookkeeping add per post. The handler is the placeholder echo, so no
-PostgreSQL is involved (the runtime's pool is not opened).
+reply traffic itself); the ratio shows what the WebSocket read, the inbox (claim and push,
+lease, the checks around the send, ack) and the bookkeeping add per post. The handler is the
+placeholder echo, so no PostgreSQL is involved (the runtime's pool is not opened).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.config import Settings
-from gateway.inbound.mattermost.listener import Listener, ListenerConfig
+from gateway.config import Secret, Settings
+from gateway.inbound.mattermost.component import MattermostBot
 from gateway.stores import embedded
 from gateway.stores import redis as redis_clients
 from gateway.stores.runtime import Runtime
@@ -68,18 +68,20 @@ async def main(posts: int, drops: int) -> None:
                for role in ("durable", "cache")]
     durable = redis_clients.connect(servers[0].url, variable="durable")
     cache = redis_clients.connect(servers[1].url, variable="cache")
-    runtime = Runtime(Settings(), durable, cache, pg=None)  # type: ignore[arg-type]
     try:
         async with FakeMattermost(token=TOKEN) as fake:
             fake.echo_own_posts = False
             floor = await baseline(fake, posts)
             fake.reset_calls()
 
-            config = ListenerConfig(url=fake.url, token=TOKEN, max_concurrent=CONCURRENCY,
-                                    backoff_initial=0.5, backoff_max=30, healthy_after=HEALTHY)
-            listener = Listener(runtime, config, echo_handler)
+            settings = Settings(mattermost_url=fake.url, mattermost_token=Secret(TOKEN),
+                                sections={"mattermost": {
+                                    "max_concurrent": CONCURRENCY, "backoff_initial": 0.5,
+                                    "backoff_max": 30, "healthy_after": HEALTHY}})
+            runtime = Runtime(settings, durable, cache, pg=None)  # type: ignore[arg-type]
+            bot = MattermostBot(runtime, echo_handler)
             stop = asyncio.Event()
-            task = asyncio.create_task(listener.run(stop))
+            task = asyncio.create_task(bot.run(stop))
             await fake.wait_for_sockets(1, timeout=10)
             started = time.perf_counter()
             for i in range(posts):

@@ -21,7 +21,6 @@ DONE = "done"
 
 # Release only our own claim: a claim that expired and was re-taken by a retry is not ours.
 _RELEASE = (Path(__file__).parent / "lua" / "release.lua").read_text()
-_TAKE_OVER = (Path(__file__).parent / "lua" / "take_over.lua").read_text()
 
 
 class Outcome(enum.Enum):
@@ -40,31 +39,14 @@ class Claim:
         return self.outcome is Outcome.CLAIMED
 
 
-def new_token(holder: str = "") -> str:
-    """An in-progress value unique to one claim; ``holder`` (no ``:``) lets a successor tell
-    whose claim it is (the Mattermost listener puts its lease's fencing token there)."""
-    return f"{IN_PROGRESS}:{holder + ':' if holder else ''}{secrets.token_hex(8)}"
+def new_token() -> str:
+    """An in-progress value unique to one claim (release compares it)."""
+    return f"{IN_PROGRESS}:{secrets.token_hex(8)}"
 
 
-def holder_of(value: str | None) -> str | None:
-    """The ``holder`` part of an in-progress value, if it has one."""
-    if value is None or not value.startswith(IN_PROGRESS + ":"):
-        return None
-    parts = value.split(":")
-    return parts[1] if len(parts) == 3 else None
-
-
-async def claim(redis: AnyRedis, key: str, ttl: int, holder: str = "") -> Claim:
-    token = new_token(holder)
+async def claim(redis: AnyRedis, key: str, ttl: int) -> Claim:
+    token = new_token()
     won = await redis.set(key, token, nx=True, ex=ttl)
-    return Claim(key, token, Outcome.CLAIMED if won else Outcome.DUPLICATE)
-
-
-async def take_over(redis: AnyRedis, key: str, seen: str, ttl: int, holder: str = "") -> Claim:
-    """Replace the in-progress value ``seen`` (a dead holder's) by a claim of our own; a
-    duplicate if the claim changed since it was read."""
-    token = new_token(holder)
-    won = await redis.eval(_TAKE_OVER, 1, key, seen, token, ttl)
     return Claim(key, token, Outcome.CLAIMED if won else Outcome.DUPLICATE)
 
 
