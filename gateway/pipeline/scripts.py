@@ -4,12 +4,12 @@ pipeline checks ``SCRIPT EXISTS`` before it executes)."""
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.stores.redis import AnyRedis
+from gateway.stores.scripts import bound_scripts
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
@@ -46,14 +46,6 @@ class Scripts:
     claim_add: Any
 
 
-_CACHE: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
-
-
 def scripts_for(client: AnyRedis) -> Scripts:
     """The script objects bound to ``client`` (built once per client)."""
-    found = _CACHE.get(client)
-    if found is None:
-        found = Scripts(**{name: client.register_script(text)
-                           for name, text in _SOURCES.items()})
-        _CACHE[client] = found
-    return found
+    return bound_scripts(client, Scripts, _SOURCES)
