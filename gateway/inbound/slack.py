@@ -46,6 +46,9 @@ _MENTION = re.compile(r"^\s*<@[A-Z0-9]+>\s*")
 PERMANENT = {"channel_not_found", "not_in_channel", "is_archived", "invalid_auth",
              "account_inactive", "msg_too_long", "no_text", "restricted_action"}
 RESPONSE_URL = "response_url"
+# Every reply carries Slack message metadata naming the message it answers, so a holder that
+# takes over a dead one's entry can see in the channel whether the reply went out.
+REPLY_EVENT = "gateway_reply"
 
 
 def _incoming(body: dict[str, Any], event: dict[str, Any]) -> Incoming | None:
@@ -146,10 +149,18 @@ class SlackBot:
             return self._responder(response_url)
 
         async def send(text: str) -> None:
-            """One chat.postMessage (in the thread when the message was in one)."""
+            """One chat.postMessage (in the thread when the message was in one); on a retry,
+            nothing when the channel shows that reply already."""
+            if retried and await self._answered(incoming):
+                log.info("slack message %s: answered before its holder stopped",
+                         incoming.message_id)
+                return
+            metadata = {"event_type": REPLY_EVENT,
+                        "event_payload": {"reply_to": incoming.message_id}}
             try:
                 await self.client.chat_postMessage(channel=incoming.chat, text=text,
-                                                   thread_ts=incoming.thread)
+                                                   thread_ts=incoming.thread,
+                                                   metadata=metadata)
             except SlackApiError as exc:
                 error = str(exc.response.get("error", "")) if exc.response else ""
                 if retry_after_of(exc) is None and error in PERMANENT:
@@ -157,6 +168,30 @@ class SlackBot:
                 raise
 
         return send
+
+    async def _answered(self, incoming: Incoming) -> bool:
+        """Does the channel (or thread) hold our reply to this message? Unknown (the app
+        lacks the history scope, Slack fails) counts as no: better twice than never."""
+        try:
+            if incoming.thread:
+                page = await self.client.conversations_replies(
+                    channel=incoming.chat, ts=incoming.thread, oldest=incoming.message_id,
+                    include_all_metadata=True, limit=200)
+            else:
+                page = await self.client.conversations_history(
+                    channel=incoming.chat, oldest=incoming.message_id,
+                    include_all_metadata=True, limit=200)
+        except SlackApiError as exc:
+            log.warning("slack: cannot read the channel to check for an earlier reply (%s)",
+                        exc.response.get("error", "") if exc.response else "error")
+            return False
+        for message in page.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            if (metadata.get("event_type") == REPLY_EVENT
+                    and (metadata.get("event_payload") or {}).get("reply_to")
+                    == incoming.message_id):
+                return True
+        return False
 
     @staticmethod
     def _responder(url: str) -> Send:

@@ -194,3 +194,44 @@ async def test_platform_429_is_retried(start_bot: Callable[..., Any],
     await wait_until(lambda: runtime.pg.fetchval("SELECT count(*) FROM undelivered_replies"),
                      message="dead letter")
     assert len(fake_slack.calls_to("chat.postMessage")) == 3  # permanent: no retries
+
+
+async def test_a_retried_reply_already_in_the_channel_is_not_posted_again(
+        runtime: Runtime, settings: Settings, fake_slack: FakeSlack,
+        make_client: Callable[..., Any]) -> None:
+    """A holder posted the reply and died before recording it: the next holder finds the
+    reply (its metadata names the message) in the channel and posts nothing."""
+    from gateway.conversations.model import chat_key
+    from gateway.inbound.slack import SLACK_BOT, _incoming
+    from gateway.inbox.entry import Entry
+    apps = Apps(make_client)
+    try:
+        client, app = await apps.start(dataclasses.replace(
+            with_sections(settings), slack_bot_token=Secret(SLACK_TOKEN),
+            slack_signing_secret=Secret(SIGNING_SECRET), slack_api_url=fake_slack.api_url),
+            COMPONENTS)
+        payload = event_callback(event_type="app_mention", text="once only")
+        assert (await send_event(client, payload))[0] == 200
+        [reply] = await fake_slack.wait_for_posts(1, channel=CHANNEL_ID)
+        event = payload["event"]
+        assert reply["metadata"] == {"event_type": "gateway_reply",
+                                     "event_payload": {"reply_to": event["ts"]}}
+        # The dead holder's state: the reply sent but not recorded as settled, the entry
+        # back at the head of its chat with one failed attempt behind it.
+        await runtime.pg.execute("UPDATE conversation_messages SET settled_at = NULL"
+                                 " WHERE role = 'bot'")
+        incoming = _incoming(payload, event)
+        assert incoming is not None
+        queue = app[SLACK_BOT].inbox.queue
+        await queue.push(chat_key(incoming), Entry(incoming), None, 60)  # no wake-up: the
+        [taken] = await queue.take("dead-holder", 1)  # consumer polls only every 0.25 s
+        await queue.release(taken.chat, "dead-holder", delay=0, counted=True)
+        await wait_until(lambda: _settled(runtime), timeout=10, message="settled again")
+        assert fake_slack.posted_texts(CHANNEL_ID) == [reply["text"]]
+    finally:
+        await apps.close()
+
+
+async def _settled(runtime: Runtime) -> bool:
+    return bool(await runtime.pg.fetchval(
+        "SELECT bool_and(settled_at IS NOT NULL) FROM conversation_messages WHERE role = 'bot'"))

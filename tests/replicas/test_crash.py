@@ -3,11 +3,12 @@ killed -9 in the middle of 500 Telegram updates and 200 Slack events (or Postgre
 stopped for 10 s), and afterwards every message is stored once and answered, in order per
 chat.
 
-Telegram and Slack cannot be asked whether a reply arrived, so a reply that reached the
+Telegram cannot be asked whether a reply arrived, so a Telegram reply that reached the
 platform just before its process died, and was not yet recorded, is sent again by the next
 holder: the only duplicate the design allows, at most one per chat being answered at the
-kill. The test counts them and fails on any other kind (a lost message, one stored twice,
-replies out of order, a duplicate that is not the chat's reply at the kill).
+kill. (Slack replies carry metadata naming the message answered; a retried one checks the
+channel first.) The test counts them and fails on any other kind (a lost message, one stored
+twice, replies out of order, any Slack duplicate, more than one per Telegram chat).
 """
 
 from __future__ import annotations
@@ -127,13 +128,15 @@ def expected(per_chat: int) -> list[str]:
 
 
 def check_answers(found: dict[str, list[str]], per_chat: int) -> int:
-    """Every chat answered in order; the number of replies sent twice (adjacent repeats)."""
+    """Every chat answered in order; the number of Telegram replies sent twice (adjacent
+    repeats). Slack (whose channel is checked before a retried reply) has none."""
     duplicates = 0
     for chat, texts in found.items():
         collapsed = [t for i, t in enumerate(texts) if i == 0 or t != texts[i - 1]]
         assert collapsed == expected(per_chat), f"{chat}: {texts}"
         extra = len(texts) - len(collapsed)
-        assert extra <= 1, f"{chat}: more than the reply in flight at the kill sent twice"
+        assert extra <= (1 if chat.startswith("telegram:") else 0), \
+            f"{chat}: a reply sent twice that was not in flight at the kill: {texts}"
         duplicates += extra
     return duplicates
 
