@@ -145,7 +145,9 @@ class InboxConsumer:
                         self.inbox.platform, reclaimed)
 
     async def _renew_forever(self) -> None:
-        while True:
+        # Also ends on ``_stopping``: a cancel landing inside the Redis call may come out as
+        # a connection error, which the loop swallows.
+        while not self._stopping:
             await asyncio.sleep(self.inbox.limits.lease_seconds / 3)
             try:
                 lost = await self.inbox.renew(dict(self.held))

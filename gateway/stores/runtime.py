@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 
@@ -12,6 +13,8 @@ from gateway.stores import redis as redis_clients
 from gateway.stores.postgres import create_pool
 from gateway.stores.redis import AnyRedis
 
+CLOSE_SECONDS = 10.0
+
 
 @dataclass
 class Runtime:
@@ -21,11 +24,17 @@ class Runtime:
     pg: asyncpg.Pool
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.pg.close()
+        """Close the stores, bounded: asyncpg's graceful close waits for every connection to
+        be released, so a connection a cancelled task still holds would keep it forever."""
+        try:
+            async with asyncio.timeout(CLOSE_SECONDS):
+                await self.pg.close()
+        except Exception:  # timed out or failed: drop the connections without waiting
+            self.pg.terminate()
         for client in (self.durable, self.cache):
             with contextlib.suppress(Exception):
-                await client.aclose()
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await client.aclose()
 
 
 def require_urls(settings: Settings) -> tuple[str, str, str]:

@@ -74,14 +74,21 @@ DEPTH_REFRESH_SECONDS = 5.0
 async def _depth_gauges(app: web.Application) -> AsyncIterator[None]:
     """Keep the queue-depth gauges of this process's ``/metrics`` current (workers do the
     same in theirs)."""
+    stop = asyncio.Event()
+
     async def refresh() -> None:
-        while True:
+        # Ends on ``stop``, not only on a cancel: a client library may turn a cancel that
+        # lands inside a command into an error of its own, which the loop swallows.
+        while not stop.is_set():
             with contextlib.suppress(Exception):
                 await refresh_depth_gauges(app[RUNTIME].durable)
-            await asyncio.sleep(DEPTH_REFRESH_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DEPTH_REFRESH_SECONDS):
+                    await stop.wait()
 
     task = asyncio.create_task(refresh())
     yield
+    stop.set()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
