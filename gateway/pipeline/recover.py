@@ -13,18 +13,14 @@ rebuilt from PostgreSQL (AOF ``everysec`` is what protects them across restarts)
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import Settings
 from gateway.pipeline import queue
 from gateway.pipeline.scripts import scripts_for
 from gateway.pipeline.stages import STAGES, legacy_ready_key, meta_key, ready_keys
 from gateway.stores.redis import AnyRedis
-from gateway.stores.runtime import open_runtime
 
 log = logging.getLogger("gateway.pipeline")
 BATCH = 500
@@ -90,18 +86,8 @@ async def recover(runtime: Any, batch: int = BATCH) -> RecoverReport:
                 report.present += 1
 
 
-async def _main(settings: Settings) -> int:
-    runtime = await open_runtime(settings, pg_max_size=2)
-    try:
-        report = await recover(runtime)
-    finally:
-        await runtime.close()
+def print_report(report: RecoverReport) -> None:
     print(f"scanned {report.scanned} unfinished items: {report.requeued} re-enqueued, "
           f"{report.present} still in Redis")
     if report.upgraded:
         print(f"moved {report.upgraded} items from the old ready sorted sets to the class lists")
-    return 0
-
-
-def main(args: argparse.Namespace, settings: Settings) -> int:
-    return asyncio.run(_main(settings))

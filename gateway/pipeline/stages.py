@@ -40,7 +40,11 @@ def seen_key(item_id: str) -> str:
     hashes chosen by CRC-32 of the item id, so each stays listpack-encoded (~30 bytes an
     entry instead of ~107 in one big sorted set). ADD checks expiry against Redis TIME and
     trims a bounded sample of its bucket."""
-    return keys.q("seen", zlib.crc32(item_id.encode()) % SEEN_BUCKETS)
+    return seen_bucket(zlib.crc32(item_id.encode()) % SEEN_BUCKETS)
+
+
+def seen_bucket(bucket: int) -> str:
+    return keys.q("seen", bucket)
 
 
 def meta_key() -> str:

@@ -34,7 +34,7 @@ def payload_of(raw: str | None) -> str | None:
 
 
 async def document(durable: AnyRedis, item_id: str) -> dict[str, Any] | None:
-    """The payload an item carries until its store stage completes (None after, or unknown)."""
+    """The payload an item carries while in the pipeline (None when unknown)."""
     raw: str | None = await durable.hget(meta_key(), item_id)  # type: ignore[assignment]
     payload = payload_of(raw)
     return None if payload is None else dict(json.loads(payload))

@@ -68,13 +68,20 @@ async def iter_sse(content: aiohttp.StreamReader) -> AsyncIterator[SseEvent | No
 
 
 class PushClient:
-    def __init__(self, base_url: str, topics: Sequence[str], *,
+    def __init__(self, base_url: str | Sequence[str], topics: Sequence[str], *,
                  since: Mapping[str, int] | str | None = None, poll_seconds: float = 5.0,
                  dead_after_seconds: float = 40.0, page_rows: int = 500,
                  session: aiohttp.ClientSession | None = None,
                  headers: Mapping[str, str] | None = None, buffer_rows: int = 10000,
                  on_trimmed: Callable[[str, int, int], None] | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        # Several base URLs (replicas without a balancer in front): the next one after every
+        # interruption, so a replica that stops (its streams end with gateway.disconnect)
+        # hands its clients to the others.
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("PushClient needs at least one base URL")
+        self.base_urls = [url.rstrip("/") for url in urls]
+        self._url_index = 0
         self.topics = tuple(dict.fromkeys(topics))
         if isinstance(since, str):
             since = parse_cursor(since)
@@ -155,6 +162,10 @@ class PushClient:
 
     # --- connection ----------------------------------------------------------------------
 
+    @property
+    def base_url(self) -> str:
+        return self.base_urls[self._url_index]
+
     async def _run(self) -> None:
         backoff = 0.05
         while True:
@@ -164,6 +175,7 @@ class PushClient:
             except (aiohttp.ClientError, TimeoutError, PushError, ValueError) as exc:
                 log.info("push stream interrupted: %s", exc)
             self._connected.clear()
+            self._url_index = (self._url_index + 1) % len(self.base_urls)
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, PushError):
                 await self._fill_all()  # a reconnect is a possible gap
             await asyncio.sleep(backoff)  # reconnect backoff, not a synchronisation

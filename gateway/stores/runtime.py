@@ -10,6 +10,7 @@ import asyncpg
 
 from gateway.config import ConfigError, Settings
 from gateway.stores import redis as redis_clients
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.postgres import create_pool
 from gateway.stores.redis import AnyRedis
 
@@ -66,3 +67,9 @@ async def open_runtime(settings: Settings, *, pg_max_size: int = 10) -> Runtime:
         await cache.aclose()
         raise
     return Runtime(settings, durable, cache, pg)
+
+
+def durable_pipeline(runtime: Runtime) -> AutoPipeline:
+    """A command coalescer on redis-durable for acknowledged writes: with
+    ``GATEWAY_DURABLE_ACK=aof`` each of its batches waits until it is on the server's disk."""
+    return AutoPipeline(runtime.durable, wait_aof=runtime.settings.durable_ack == "aof")

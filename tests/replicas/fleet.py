@@ -89,6 +89,30 @@ class Fleet:
             self.workers.append(await self._spawn(
                 f"worker{n}", ["worker", "--concurrency", str(concurrency)], self.env))
 
+    async def restart_server(self, index: int, name: str) -> float:
+        """SIGTERM one serve, wait for it to exit, start a new one on the same port; the
+        seconds the old one took to stop."""
+        proc, url = self.servers[index]
+        started = asyncio.get_running_loop().time()
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+        took = asyncio.get_running_loop().time() - started
+        port = url.rsplit(":", 1)[1]
+        new = await self._spawn(name, ["serve"], {**self.env, "GATEWAY_PORT": port})
+        self.servers[index] = (new, url)
+        return took
+
+    async def restart_worker(self, index: int, name: str, concurrency: int = 2) -> float:
+        """SIGTERM one worker, wait for it to exit, start a new one; the seconds it took."""
+        proc = self.workers[index]
+        started = asyncio.get_running_loop().time()
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+        took = asyncio.get_running_loop().time() - started
+        self.workers[index] = await self._spawn(
+            name, ["worker", "--concurrency", str(concurrency)], self.env)
+        return took
+
     def url(self) -> str:
         """A random replica, as a load balancer would pick one."""
         return random.choice(self.servers)[1]
