@@ -37,7 +37,8 @@ class Row:
 
 
 REGISTRY: tuple[Row, ...] = (
-    Row("q:", "pipeline queues, leases, delayed retries, dead letters, payloads, stats",
+    Row("q:", "pipeline queues, leases, delayed retries, dead letters, payloads (until an "
+        "item leaves), the dedup window, stats",
         "durable", "until completion", "pipeline"),
     Row("inbox:", "per-chat inbound queues of chat messages: ready chats, chat leases, "
         "per-chat entry lists, dead letters", "durable", "until processed", "inbox"),
