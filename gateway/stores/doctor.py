@@ -79,6 +79,12 @@ async def check_durable(client: AnyRedis, url: str, durable_ack: str = "none") -
     checks = [Check("ok", subject, f"reachable at {redact_url(url)}")]
     if durable_ack == "aof":
         checks.append(await _waitaof_check(client, subject))
+        fsync_policy = await _config(client, "appendfsync")
+        if fsync_policy not in (None, "always"):
+            checks.append(Check("warn", subject, f"GATEWAY_DURABLE_ACK=aof with appendfsync "
+                                f"{fsync_policy}: every acknowledgement waits for the next "
+                                "periodic fsync (~100 ms); appendfsync always fsyncs each "
+                                "batch and costs little more"))
     policy = await _config(client, "maxmemory-policy")
     if policy is None:
         checks.append(Check("warn", subject, "CONFIG GET is disabled; cannot verify policies"))

@@ -50,6 +50,8 @@ async def test_202s_under_aof_survive_a_kill9_of_redis_durable(
         finally:
             await check.aclose()
         assert all(value is not None for value in present)
+        checks = await doctor.check_durable(rt.durable, server.url, "aof")
+        assert any(c.status == "warn" and "appendfsync everysec" in c.message for c in checks)
     finally:
         await rt.close()
 
