@@ -70,8 +70,12 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS
 # 100 streams in one Python process the wake-ups alone spread the receipts of one row over
 # ~1 ms; the protocol reader shows how much of the p99 is the measuring side.
 
+BENCH_ADMIN_TOKEN = "bench-admin-token"
+
+
 def _request(topic: str) -> bytes:
     return (f"GET /v1/stream?topics={topic} HTTP/1.1\r\nHost: bench\r\n"
+            f"Authorization: Bearer {BENCH_ADMIN_TOKEN}\r\n"
             "Accept: text/event-stream\r\n\r\n").encode()
 
 
@@ -504,7 +508,8 @@ def main() -> int:
         port = embedded.free_port()
         env = {**os.environ, "GATEWAY_DURABLE_URL": durable.url, "GATEWAY_CACHE_URL": cache.url,
                "GATEWAY_DATABASE_URL": pg.url, "GATEWAY_HOST": "127.0.0.1",
-               "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "WARNING"}
+               "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "WARNING",
+               "GATEWAY_ADMIN_TOKEN": BENCH_ADMIN_TOKEN}
         cmd = [sys.executable, "-m", "gateway.cli", "serve"]
         if shutil.which("taskset") and args.server_core >= 0:
             cmd[:0] = ["taskset", "-c", str(args.server_core)]

@@ -24,6 +24,8 @@ TARGETS: dict[str, str] = {
     "sign": "gateway.inbound.webhooks:main_sign",
     "telegram": "gateway.inbound.telegram:main_set_webhook",
     "maintenance": "gateway.app.maintenance:main",
+    "apikey": "gateway.access.apikeys:main",
+    "token": "gateway.access.tokens:main_token",
 }
 
 
@@ -65,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset", action="store_true",
                    help="after restoring PostgreSQL from a backup (maintenance on): rebuild "
                         "the pipeline's Redis state from the journal")
+
+    p = sub.add_parser("apikey", help="API keys: create (printed once), list, revoke")
+    actions = p.add_subparsers(dest="apikey_action", required=True)
+    created = actions.add_parser("create", help="print a new key once, as one JSON object")
+    created.add_argument("--name", required=True)
+    created.add_argument("--scopes", required=True, help="comma-separated scopes")
+    created.add_argument("--topics", default="", help="comma-separated topic patterns")
+    actions.add_parser("list", help="one JSON object per key (never the key itself)")
+    actions.add_parser("revoke", help="refused on every replica from the next request"
+                       ).add_argument("id")
+
+    p = sub.add_parser("token", help="mint an access token (GATEWAY_JWT_SECRET)")
+    p.add_argument("--sub", required=True)
+    p.add_argument("--scope", default="feed:read", help="space- or comma-separated scopes")
+    p.add_argument("--topics", default="", help="comma-separated topic patterns")
+    p.add_argument("--ttl", type=int, default=900, help="seconds")
 
     p = sub.add_parser("deadletter", help="inspect or act on dead letters")
     p.add_argument("action", choices=["list", "requeue", "purge"])

@@ -108,6 +108,12 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     # "aof": a write to redis-durable is acknowledged only once WAITAOF confirms it on disk.
     durable_ack: str = "none"
+    # Access tokens (JWT): HS256 with the secret, and/or keys of an identity provider's JWKS.
+    jwt_secret: Secret | None = None
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    metrics_public: bool = False
     # Set by `gateway serve --telegram-polling`, not by the environment.
     telegram_polling: bool = False
     # Free-form sections of the TOML file (handlers, limits, ...) for the modules that own them.
@@ -189,6 +195,15 @@ def _parse_text(name: str, value: str) -> str:
 DURABLE_ACKS = ("none", "aof")
 
 
+def _parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(name, "must be true or false")
+
+
 def _parse_durable_ack(name: str, value: str) -> str:
     if value not in DURABLE_ACKS:
         raise ConfigError(name, f"must be one of {', '.join(DURABLE_ACKS)}")
@@ -248,6 +263,11 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_LISTENER_LEASE_SECONDS": ("listener_lease_seconds", _parse_seconds),
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _parse_seconds),
     "GATEWAY_DURABLE_ACK": ("durable_ack", _parse_durable_ack),
+    "GATEWAY_JWT_SECRET": ("jwt_secret", _parse_secret),
+    "GATEWAY_JWT_JWKS_URL": ("jwt_jwks_url", _parse_http_url),
+    "GATEWAY_JWT_ISSUER": ("jwt_issuer", _parse_text),
+    "GATEWAY_JWT_AUDIENCE": ("jwt_audience", _parse_text),
+    "GATEWAY_METRICS_PUBLIC": ("metrics_public", _parse_bool),
 }
 ENV_VARIABLES = tuple(_ENV)
 

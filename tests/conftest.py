@@ -175,7 +175,10 @@ async def make_client(runtime: Runtime) -> AsyncIterator[Callable[..., Any]]:
 
     async def factory(app: web.Application | None = None,
                       rt: Runtime | None = None) -> TestClient[Any, Any]:
-        client = TestClient(TestServer(app or create_app(rt or runtime)))
+        # As an operator's client: the admin token on every request unless a test sends its
+        # own Authorization (an empty one for "no credential").
+        client = TestClient(TestServer(app or create_app(rt or runtime)),
+                            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
         await client.start_server()
         clients.append(client)
         return client

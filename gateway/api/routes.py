@@ -22,7 +22,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
-from gateway.api.state import RUNTIME
+from gateway.api.state import AUTHENTICATE, PRINCIPAL, PUBLIC, RUNTIME
 from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
 log = logging.getLogger("gateway.web")
@@ -42,8 +42,13 @@ def _observe(route: str, status: int, seconds: float) -> None:
     latency.observe(seconds)
 
 
-def guarded(handler: Handler, route: str, max_bytes: int) -> Handler:
-    """``handler`` behind the size limit, JSON errors and metrics labelled ``route``."""
+_CLOSED = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
+            query_token: bool = False) -> Handler:
+    """``handler`` behind the size limit, the credential check for ``scope`` (none for
+    ``PUBLIC``), JSON errors and metrics labelled ``route``."""
 
     async def guarded_handler(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -54,6 +59,12 @@ def guarded(handler: Handler, route: str, max_bytes: int) -> Handler:
                 raise ApiError(413, "payload_too_large",
                                f"body of {length} bytes is over the limit of {max_bytes}",
                                {"Connection": "close"})
+            if scope != PUBLIC:
+                authenticate = request.app.get(AUTHENTICATE)
+                if authenticate is None:  # nothing can vouch for anyone: closed
+                    raise ApiError(401, "unauthorized", "no credentials are configured",
+                                   _CLOSED)
+                request[PRINCIPAL] = await authenticate(request, scope, query_token)
             response = await handler(request)
         except Exception as exc:
             response = _error_response(exc, route)
@@ -65,20 +76,25 @@ def guarded(handler: Handler, route: str, max_bytes: int) -> Handler:
     return guarded_handler
 
 
-def add(app: web.Application, method: str, path: str, handler: Handler) -> None:
-    """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are added)."""
+def add(app: web.Application, method: str, path: str, handler: Handler, *, scope: str,
+        query_token: bool = False) -> None:
+    """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are
+    added). Every route names the scope a credential needs (``PUBLIC``: none), so a new
+    route cannot be added open by forgetting; ``query_token`` also accepts the credential as
+    ``?access_token=`` (only where a browser cannot set headers: EventSource)."""
     max_bytes = app[RUNTIME].settings.max_body_bytes
-    app.router.add_route(method, path, guarded(handler, path, max_bytes))
+    app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token))
 
 
-def get(app: web.Application, path: str, handler: Handler) -> None:
+def get(app: web.Application, path: str, handler: Handler, *, scope: str,
+        query_token: bool = False) -> None:
     """GET (and HEAD, as aiohttp's ``add_get`` does)."""
     max_bytes = app[RUNTIME].settings.max_body_bytes
-    app.router.add_get(path, guarded(handler, path, max_bytes))
+    app.router.add_get(path, guarded(handler, path, max_bytes, scope, query_token))
 
 
-def post(app: web.Application, path: str, handler: Handler) -> None:
-    add(app, "POST", path, handler)
+def post(app: web.Application, path: str, handler: Handler, *, scope: str) -> None:
+    add(app, "POST", path, handler, scope=scope)
 
 
 def static(app: web.Application, prefix: str, directory: Path) -> None:
@@ -92,7 +108,7 @@ def static(app: web.Application, prefix: str, directory: Path) -> None:
             raise web.HTTPNotFound()
         return web.FileResponse(root / name)
 
-    get(app, prefix.rstrip("/") + "/{name}", static_file)
+    get(app, prefix.rstrip("/") + "/{name}", static_file, scope=PUBLIC)
 
 
 def fallback(app: web.Application) -> None:

@@ -4,6 +4,7 @@ readiness registry that ``/readyz`` reports."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -22,3 +23,27 @@ def add_readiness_check(app: web.Application, name: str, check: ReadinessCheck,
     if READINESS not in app:
         app[READINESS] = {}
     app[READINESS][name] = (check, required)
+
+
+class Principal(Protocol):
+    """Who a request is (the access room builds it): what it may do and read."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def is_admin(self) -> bool: ...
+
+    def allows(self, scope: str) -> bool: ...
+    def may_read(self, topic: str) -> bool: ...
+
+
+# Authenticates a request for a route's scope: the principal, or an ApiError (401/403/429).
+Authenticate = Callable[[web.Request, str, bool], Awaitable[Principal]]
+AUTHENTICATE: web.AppKey[Authenticate] = web.AppKey("authenticate")
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")  # who the request is
+PUBLIC = "public"  # the scope of routes that need no credential (signed or harmless ones)
+
+
+def principal_of(request: web.Request) -> Principal:
+    """The principal the route guard authenticated (only on routes with a scope)."""
+    return request[PRINCIPAL]

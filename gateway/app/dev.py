@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.access import tokens
 from gateway.app import serve
 from gateway.app.process import Service
 from gateway.app.worker import service as pipeline_service
@@ -32,7 +33,7 @@ UNIX_PATH_MAX = 100  # sun_path is 108 bytes; leave room
 def _load_secrets(path: Path) -> dict[str, str]:
     data: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
     changed = False
-    for name in ("durable_password", "cache_password", "admin_token"):
+    for name in ("durable_password", "cache_password", "admin_token", "jwt_secret"):
         if name not in data:
             data[name] = embedded.new_password()
             changed = True
@@ -81,6 +82,8 @@ def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], di
         raise
     if not settings.admin_token:
         changes["admin_token"] = Secret(found["admin_token"])
+    if not settings.jwt_secret:
+        changes["jwt_secret"] = Secret(found["jwt_secret"])
     if not settings.webhook_sources:
         changes["webhook_sources"] = parse_webhook_secrets(
             "GATEWAY_WEBHOOK_SECRETS", f"demo={found['webhook_secret']}")
@@ -93,10 +96,22 @@ def _announce(url: str, settings: Settings, root: Path) -> None:
         f"  GATEWAY_DURABLE_URL={redact_url(settings.durable_url)}",
         f"  GATEWAY_CACHE_URL={redact_url(settings.cache_url)}",
         f"  GATEWAY_DATABASE_URL={redact_url(settings.database_url)}",
-        f"  passwords, admin token, demo webhook secret (source 'demo'): {root / 'secrets.json'}",
+        f"  passwords, admin token, JWT secret, demo webhook secret (source 'demo'): "
+        f"{root / 'secrets.json'}",
         "  Ctrl-C stops everything.",
     ]
+    assert settings.admin_token and settings.jwt_secret
+    # What a newcomer needs to call every route (README shows how): the operator's token,
+    # and an access token for an app (a day long, the pipeline and every conversation).
+    client = tokens.mint(settings.jwt_secret.get(), "dev-client", CLIENT_SCOPES,
+                         ("pipeline", "conversation:*"), CLIENT_TTL,
+                         issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+    lines += [f"admin token: {settings.admin_token.get()}", f"client token: {client}"]
     print("\n".join(lines), flush=True)
+
+
+CLIENT_SCOPES = frozenset({"jobs:write", "jobs:read", "search:read", "feed:read"})
+CLIENT_TTL = 86400
 
 
 def _services(args: argparse.Namespace) -> list[Service]:

@@ -1,8 +1,13 @@
 """``POST /v1/jobs`` (enqueue a document, idempotent on ``job_id``) and ``GET /v1/jobs/{id}``.
 
-A job with a ``job_id`` claims ``dedup:job:<job_id>`` in the same round trip as its ADD, so a
+A job with a ``job_id`` claims ``dedup:job:<item id>`` in the same round trip as its ADD, so a
 repeated POST answers 200 duplicate with the same item id; a job without one gets a fresh
 random item id and needs no claim. Validation happens before anything is written.
+
+Job ids belong to the credential that submits them: an API key's or an account's item ids are
+``<owner>/<job_id>`` (``k.<key id>``, ``u.<hash of sub>``), so another credential can neither
+take a job id first nor read the job; the admin token's are the bare job ids and it reads
+every job. ``critical`` priority needs the ``jobs:critical`` scope.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from aiohttp import web
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import RUNTIME
+from gateway.api.state import RUNTIME, Principal, principal_of
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import (
     INBOUND,
@@ -84,15 +89,27 @@ async def submit_job(request: web.Request) -> web.Response:
         job_id, priority, doc_type, document = parse_job(parse_json(await read_body(request)))
     except MalformedError as exc:
         raise _bad(str(exc)) from None
-    item_id = job_id or uuid.uuid4().hex
+    principal = principal_of(request)
+    if priority == "critical" and not principal.allows("jobs:critical"):
+        raise ApiError(403, "forbidden", "priority critical needs the scope jobs:critical")
+    item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
-        keys.dedup_job(job_id) if job_id else None, item_id, document,
+        keys.dedup_job(item_id) if job_id else None, item_id, document,
         priority=priority, doc_type=doc_type)
     return intake_answer(outcome, item_id)
 
 
+def _owned(principal: Principal, job_id: str) -> str:
+    """The item id of ``job_id`` in the principal's namespace (a full item id of its own is
+    accepted as is, so the ``item_id`` a POST answered can be read back)."""
+    owner = principal.owner
+    if not owner or job_id.startswith(owner + "/"):
+        return job_id
+    return f"{owner}/{job_id}"
+
+
 async def get_job(request: web.Request) -> web.Response:
-    item_id = request.match_info["id"]
+    item_id = _owned(principal_of(request), request.match_info["id"])
     # Item ids are printable text of bounded length; anything else (a NUL or a lone surrogate,
     # which PostgreSQL would refuse) cannot name an item.
     plausible = len(item_id) <= 4 * MAX_ID_LENGTH and item_id.isprintable()
@@ -104,5 +121,5 @@ async def get_job(request: web.Request) -> web.Response:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     install(app, runtime)
-    routes.post(app, "/v1/jobs", submit_job)
-    routes.get(app, "/v1/jobs/{id}", get_job)
+    routes.post(app, "/v1/jobs", submit_job, scope="jobs:write")
+    routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")

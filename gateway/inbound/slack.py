@@ -30,6 +30,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, store_error
+from gateway.api.state import PUBLIC
 from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
 from gateway.inbox.component import PlatformInbox
@@ -219,6 +220,6 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
-    routes.post(app, "/slack/events", bot.dispatch)
-    routes.post(app, "/slack/commands", bot.dispatch)
+    routes.post(app, "/slack/events", bot.dispatch, scope=PUBLIC)  # signed
+    routes.post(app, "/slack/commands", bot.dispatch, scope=PUBLIC)
     bot.inbox.run_with(app)

@@ -30,7 +30,7 @@ from telegram.ext import Application, ContextTypes, TypeHandler
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
-from gateway.api.state import add_readiness_check
+from gateway.api.state import PUBLIC, add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
@@ -194,7 +194,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
     bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
-    routes.post(app, "/telegram/webhook", bot.webhook)
+    routes.post(app, "/telegram/webhook", bot.webhook, scope=PUBLIC)  # secret header
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         starting = asyncio.create_task(bot.start())

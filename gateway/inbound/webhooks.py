@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.state import PUBLIC
 from gateway.config import Settings
 from gateway.inbound import signing
 from gateway.inbound.documents import parse_json_text, webhook_payload
@@ -87,7 +88,7 @@ async def receive(request: web.Request) -> web.Response:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     install(app, runtime)
-    routes.post(app, "/v1/webhooks/{source}", receive)
+    routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC)  # signed
 
 
 # --- gateway sign ----------------------------------------------------------------------------

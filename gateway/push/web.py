@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import add_readiness_check
+from gateway.api.state import add_readiness_check, principal_of
 from gateway.push import feed, sse
 from gateway.push.hub import Hub
 from gateway.push.protocol import FeedError
@@ -34,11 +34,22 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
                        f"{name} must be an integer (got {raw[:40]!r})") from None
 
 
+def require_topics(request: web.Request, topics: tuple[str, ...] | list[str]) -> None:
+    """403 naming every topic the credential may not read: a request naming any is refused
+    whole (nothing of the others is sent either)."""
+    principal = principal_of(request)
+    forbidden = [topic for topic in topics if not principal.may_read(topic)]
+    if forbidden:
+        raise ApiError(403, "forbidden", "the credential may not read topic(s): "
+                       + ", ".join(t[:100] for t in forbidden[:10]))
+
+
 def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def get_feed(request: web.Request) -> web.Response:
         topic = request.query.get("topic")
         if not topic:
             raise ApiError(400, "bad_request", "topic is required, e.g. ?topic=pipeline")
+        require_topics(request, [topic])
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", DEFAULT_LIMIT)
         try:
@@ -75,6 +86,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         hub.close_all("shutdown: the server is stopping; reconnect with Last-Event-ID")
 
     async def stream(request: web.Request) -> web.StreamResponse:
+        require_topics(request, sse.parse_topics(request.query.get("topics"),
+                                                 config.max_topics_per_stream))
         return await sse.stream(request, hub, runtime.pg, config)
 
     async def signals() -> tuple[bool, str]:
@@ -85,5 +98,5 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(background)
     app.on_shutdown.append(on_shutdown)
     add_readiness_check(app, "push-signals", signals, required=False)
-    routes.get(app, "/v1/feed", make_feed_handler(runtime))
-    routes.get(app, "/v1/stream", stream)
+    routes.get(app, "/v1/feed", make_feed_handler(runtime), scope="feed:read")
+    routes.get(app, "/v1/stream", stream, scope="feed:read", query_token=True)

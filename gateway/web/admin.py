@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.access.admin import admin_only
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
@@ -38,12 +37,10 @@ def _int_param(value: object, name: str, default: int) -> int:
     return number
 
 
-@admin_only
 async def queues(request: web.Request) -> web.Response:
     return web.json_response(await queue_depths(request.app[RUNTIME].durable))
 
 
-@admin_only
 async def dead_letters(request: web.Request) -> web.Response:
     stage = _stage(request)
     limit = _int_param(request.query.get("limit"), "limit", 100)
@@ -51,7 +48,6 @@ async def dead_letters(request: web.Request) -> web.Response:
     return web.json_response({"stage": stage, "items": items})
 
 
-@admin_only
 async def requeue(request: web.Request) -> web.Response:
     """Body (optional): ``{"count": n}``; default: up to 1000, oldest first."""
     stage = _stage(request)
@@ -96,6 +92,7 @@ async def _depth_gauges(app: web.Application) -> AsyncIterator[None]:
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(_depth_gauges)
-    routes.get(app, "/v1/admin/queues", queues)
-    routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters)
-    routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue)
+    routes.get(app, "/v1/admin/queues", queues, scope="admin")
+    routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters, scope="admin")
+    routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue,
+                scope="admin")

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from gateway.access import authenticate
 from gateway.api import routes
 from gateway.api.state import RUNTIME
+from gateway.inbound.http_intake import install as install_inbound
 from gateway.stores.runtime import Runtime
 
 COMPONENTS: tuple[str, ...] = (
@@ -36,6 +38,9 @@ def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.
     # says why); unmatched requests reach the fallback route added last.
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[RUNTIME] = runtime
+    # Every scoped route checks credentials; a 401 counts in the same per-address barrier
+    # as a bad webhook signature.
+    authenticate.install(app, runtime, install_inbound(app, runtime).barrier)
     for name in components:
         importlib.import_module(name).setup(app, runtime)
     routes.fallback(app)

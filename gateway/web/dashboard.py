@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.api import routes
-from gateway.api.state import RUNTIME
+from gateway.api.state import PUBLIC, RUNTIME
 from gateway.inbound.mattermost import health as mattermost_health
 from gateway.leases.maintenance import view_for
 from gateway.pipeline.status import queue_depths
@@ -93,6 +93,6 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    routes.get(app, "/", index)
-    routes.get(app, "/v1/dashboard/summary", summary)
+    routes.get(app, "/", index, scope=PUBLIC)
+    routes.get(app, "/v1/dashboard/summary", summary, scope="admin")
     routes.static(app, "/static/", STATIC)

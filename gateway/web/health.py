@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.api import routes
-from gateway.api.state import READINESS, ReadinessCheck, add_readiness_check
+from gateway.api.state import PUBLIC, READINESS, ReadinessCheck, add_readiness_check
 from gateway.leases.maintenance import view_for
 from gateway.stores.redis import AnyRedis
 from gateway.stores.runtime import Runtime
@@ -83,6 +83,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     for name, check in store_checks(runtime).items():
         add_readiness_check(app, name, check)
     add_readiness_check(app, "maintenance", maintenance_check(runtime))
-    routes.get(app, "/healthz", healthz)
-    routes.get(app, "/readyz", readyz)
-    routes.get(app, "/metrics", metrics)
+    routes.get(app, "/healthz", healthz, scope=PUBLIC)
+    routes.get(app, "/readyz", readyz, scope=PUBLIC)
+    routes.get(app, "/metrics", metrics,
+               scope=PUBLIC if runtime.settings.metrics_public else "metrics:read")

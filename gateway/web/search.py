@@ -28,4 +28,4 @@ async def search(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    routes.get(app, "/v1/search", search)
+    routes.get(app, "/v1/search", search, scope="search:read")

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import jwt
 import pytest
 import redis
 
@@ -114,7 +115,14 @@ def test_dev_starts_stops_clean_and_reuses_data(workdir: Path) -> None:
         out = _stop(proc)
     assert "serving on" in out
     assert re.search(r"GATEWAY_DATABASE_URL=postgresql://", out)
-    assert not any(s in out for s in json.loads((root / "secrets.json").read_text()).values())
+    stored = json.loads((root / "secrets.json").read_text())
+    # The tokens a newcomer needs are printed; passwords and signing secrets are not.
+    assert f"admin token: {stored['admin_token']}" in out
+    client_token = re.search(r"^client token: (\S+)$", out, re.MULTILINE)
+    assert client_token is not None
+    claims = jwt.decode(client_token.group(1), stored["jwt_secret"], algorithms=["HS256"])
+    assert {"feed:read", "jobs:write"} <= set(claims["scope"].split())
+    assert not any(value in out for name, value in stored.items() if name != "admin_token")
     deadline = time.monotonic() + 10
     while _processes_using(root) and time.monotonic() < deadline:
         time.sleep(0.1)

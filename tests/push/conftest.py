@@ -13,10 +13,14 @@ from gateway.push.client import PushClient
 from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime
 from gateway.web.app import create_app
+from tests.conftest import TEST_ADMIN_TOKEN
 
 PUSH_COMPONENTS = ("gateway.web.health", "gateway.push.web")
 # Fast timings so that the fallbacks (polls) show within a test's patience.
 FAST = {"poll_seconds": 0.5, "degraded_poll_seconds": 0.2, "subscribe_timeout_seconds": 2}
+
+
+ADMIN_AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
 
 def with_push(runtime: Runtime, **push: Any) -> Runtime:
@@ -51,6 +55,7 @@ async def push_clients() -> AsyncIterator[Callable[..., PushClient]]:
     started: list[PushClient] = []
 
     async def factory(url: str, topics: list[str], **kwargs: Any) -> PushClient:
+        kwargs.setdefault("headers", ADMIN_AUTH)
         client = await PushClient(url, topics, **kwargs).start()
         started.append(client)
         return client

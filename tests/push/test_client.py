@@ -17,7 +17,7 @@ from gateway.push.retention import reset, trim
 from gateway.stores.runtime import Runtime, open_runtime
 from tests.conftest import ServerSet, make_settings
 from tests.helpers import wait_until
-from tests.push.conftest import base_url, hub_of
+from tests.push.conftest import ADMIN_AUTH, base_url, hub_of
 
 
 async def _collect(client: PushClient, count: int, timeout: float = 20) -> list[Any]:
@@ -164,6 +164,7 @@ async def test_leaving_the_block_at_any_point_ends_the_client_at_once(
     try:
         async with asyncio.timeout(15) as deadline:  # the test's deadline for the whole life
             async with PushClient(base_url(server), ["pipeline"], since={"pipeline": 0},
+                                  headers=ADMIN_AUTH,
                                   poll_seconds=0.2) as client:
                 if leave_after != "start":
                     await client.wait_connected()

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.pipeline.stages import STAGES, dead_key, inflight_key, stats_key
 from gateway.stores.runtime import Runtime
-from tests.conftest import ServerSet
+from tests.conftest import TEST_ADMIN_TOKEN, ServerSet
 from tests.fakes import FakeSlack, FakeTelegram, event_callback, text_update
 from tests.fakes.slack import signed_json
 from tests.helpers import wait_until
@@ -33,6 +33,7 @@ EVENTS = 10
 ITEMS = {f"webhook:demo:rep-{n}" for n in range(WEBHOOKS)} | {f"job-{n}" for n in range(JOBS)}
 
 Send = Callable[[str], Awaitable[tuple[int, Any]]]
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def job_sender(http: aiohttp.ClientSession, n: int) -> Send:
     job = {"job_id": f"job-{n}", "document": {"text": f"job {n} text #j{n}"}}
 
     async def send(url: str) -> tuple[int, Any]:
-        async with http.post(f"{url}/v1/jobs", json=job) as r:
+        async with http.post(f"{url}/v1/jobs", json=job, headers=ADMIN) as r:
             return r.status, await r.json()
     return send
 

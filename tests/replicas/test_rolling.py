@@ -20,11 +20,13 @@ import pytest
 from gateway.pipeline.stages import STAGES, stats_key
 from gateway.push.client import PushClient
 from gateway.stores.runtime import Runtime
-from tests.conftest import ServerSet
+from tests.conftest import TEST_ADMIN_TOKEN, ServerSet
 from tests.fakes import FakeSlack, FakeTelegram
 from tests.helpers import wait_until
 from tests.inbound.webhook_helpers import body_of, standard
 from tests.replicas.fleet import Fleet, fleet_env
+
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
 
 class Balancer:
@@ -60,7 +62,7 @@ async def steady_load(http: aiohttp.ClientSession, balancer: Balancer, stop: asy
                 request = http.post(f"{url}/v1/webhooks/demo", data=body,
                                     headers=standard(body, f"roll-{n}"))
             else:
-                request = http.post(f"{url}/v1/jobs",
+                request = http.post(f"{url}/v1/jobs", headers=ADMIN,
                                     json={"job_id": f"roll-job-{n}",
                                           "document": {"text": f"rolling job {n}"}})
             async with request as response:
@@ -82,7 +84,7 @@ async def test_rolling_restart_under_load_loses_and_cuts_off_nothing(
         balancer = Balancer([url for _, url in fleet.servers])
         stop, answers, accepted = asyncio.Event(), [], set[str]()
         rows: list[int] = []
-        async with PushClient(balancer.urls, ["pipeline"], since={"pipeline": 0},
+        async with PushClient(balancer.urls, ["pipeline"], since={"pipeline": 0}, headers=ADMIN,
                               poll_seconds=1) as push:
             async def follow() -> None:
                 async for row in push:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 
-from gateway.access.admin import require_admin
+from gateway.access.authenticate import Authenticator
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
 from gateway.pipeline import deadletter, queue
@@ -32,26 +33,39 @@ async def _dead(runtime, item_id: str) -> None:
 
 
 async def test_admin_routes_need_the_token(runtime, make_client):
+    """No, a wrong or a malformed credential: 401 with a Bearer challenge, each counted
+    against the address; from the barrier's limit (the 10th) every request from it gets 429 +
+    Retry-After, the right admin token included."""
     client = await make_client(_app(runtime))
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"},
-                    {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}x"}):
-        for method, path in (("GET", "/v1/admin/queues"),
-                             ("GET", "/v1/admin/deadletter/store"),
-                             ("POST", "/v1/admin/deadletter/store/requeue")):
-            resp = await client.request(method, path, headers=headers)
-            assert resp.status == 401, (headers, path)
-            body = await resp.json()
+    attempts = [(headers, method, path)
+                for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"},
+                                {"Authorization": "Basic x"},
+                                {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}x"})
+                for method, path in (("GET", "/v1/admin/queues"),
+                                     ("GET", "/v1/admin/deadletter/store"),
+                                     ("POST", "/v1/admin/deadletter/store/requeue"))]
+    for n, (headers, method, path) in enumerate(attempts):
+        resp = await client.request(method, path, headers=headers)
+        body = await resp.json()
+        if n < 9:  # the 10th failure sets the block and is itself refused with 429
+            assert resp.status == 401, (n, headers, path)
+            assert resp.headers["WWW-Authenticate"].startswith("Bearer")
             assert body["error"] == "unauthorized" and body["detail"]
+            assert TEST_ADMIN_TOKEN not in json.dumps(body)
+        else:
+            assert resp.status == 429 and int(resp.headers["Retry-After"]) > 0, (n, body)
+    resp = await client.get("/v1/admin/queues", headers=AUTH)
+    assert resp.status == 429  # blocked addresses are refused whatever they present
 
 
-def test_an_admin_token_of_bytes_that_are_not_utf8_is_a_401(runtime) -> None:
+async def test_an_admin_token_of_bytes_that_are_not_utf8_is_a_401(runtime) -> None:
     """aiohttp hands header bytes that are not UTF-8 over as surrogates (a raw-socket test of
     the webhook route shows it); the check must answer 401 for them, not raise (a 500)."""
     # Only what the check reads: aiohttp's own mocked request re-encodes headers strictly.
-    request = SimpleNamespace(app={RUNTIME: runtime},
+    request = SimpleNamespace(app={RUNTIME: runtime}, query={},
                               headers={"Authorization": "Bearer ab\udcff\udcfecd"})
     with pytest.raises(ApiError) as refused:
-        require_admin(request)  # type: ignore[arg-type]
+        await Authenticator(runtime)(request, "admin", False)  # type: ignore[arg-type]
     assert refused.value.status == 401 and refused.value.code == "unauthorized"
 
 

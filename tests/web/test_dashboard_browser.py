@@ -18,6 +18,7 @@ import pytest
 from gateway.app.worker import run_workers
 from gateway.push import feed
 from gateway.stores.runtime import Runtime
+from tests.conftest import TEST_ADMIN_TOKEN
 
 CHROMIUM = (os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium")
             or "/usr/bin/chromium")
@@ -48,6 +49,17 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 await page.goto(url)
+                # Without a credential the page asks for one and shows no data.
+                await page.wait_for_selector("#login", state="visible", timeout=15000)
+                assert await page.is_hidden("#dashboard")
+                assert await page.locator("#queues tbody tr").count() == 0
+                await page.fill("#token", "wrong")
+                await page.click("#login button")
+                await page.wait_for_function(
+                    "document.getElementById('login-error').textContent !== ''", timeout=15000)
+                assert await page.evaluate("sessionStorage.getItem('gateway.token')") is None
+                await page.fill("#token", TEST_ADMIN_TOKEN)
+                await page.click("#login button")
                 await page.wait_for_function(
                     "document.getElementById('stream-state').textContent === 'live'",
                     timeout=15000)
@@ -82,6 +94,7 @@ async def _js_client_gets_every_row_once(page: Any, runtime: Runtime) -> None:
         window.jsRows = [];
         new GatewayPush(["conversation:js"], {
             since: {"conversation:js": 0}, pollMs: 300,
+            token: sessionStorage.getItem("gateway.token"),
             onRow: (row) => window.jsRows.push(row.offset),
         }).start();
     }""")

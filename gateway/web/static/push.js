@@ -5,8 +5,11 @@
 "use strict";
 
 class GatewayPush {
-  constructor(topics, { onRow, onState = () => {}, pollMs = 5000, base = "", since = {} } = {}) {
+  constructor(topics, { onRow, onState = () => {}, pollMs = 5000, base = "", since = {}, token = null } = {}) {
     this.topics = topics;
+    // A credential with feed:read and the topics: sent as a header (fetch can; EventSource
+    // could not, which is what ?access_token= on /v1/stream is for).
+    this.headers = token ? { Authorization: `Bearer ${token}` } : {};
     this.onRow = onRow;
     this.onState = onState;
     this.pollMs = pollMs;
@@ -14,6 +17,10 @@ class GatewayPush {
     this.tracks = Object.fromEntries(topics.map((t) => [t, { epoch: null, offset: t in since ? since[t] : null }]));
     this.stopped = false;
     this.busy = Promise.resolve();
+  }
+
+  stop() {
+    this.stopped = true;
   }
 
   cursor() {
@@ -56,7 +63,7 @@ class GatewayPush {
     const params = new URLSearchParams({ topics: this.topics.join(",") });
     const since = this.cursor();
     if (since) params.set("since", since);
-    const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream" } });
+    const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream", ...this.headers } });
     if (!resp.ok) throw new Error(`stream answered ${resp.status}`);
     this.adopt(resp.headers);
     await this.serial(() => this.fillAll());
@@ -147,7 +154,7 @@ class GatewayPush {
     if (tr.offset === null) return;
     for (;;) {
       const params = new URLSearchParams({ topic, after: String(tr.offset), limit: "500" });
-      const resp = await fetch(`${this.base}/v1/feed?${params}`);
+      const resp = await fetch(`${this.base}/v1/feed?${params}`, { headers: this.headers });
       if (!resp.ok) throw new Error(`feed answered ${resp.status}`);
       const body = await resp.json();
       if (tr.epoch !== null && body.epoch !== tr.epoch) { tr.epoch = body.epoch; tr.offset = 0; continue; }

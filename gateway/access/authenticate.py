@@ -1,0 +1,95 @@
+"""The credential check behind every route with a scope (``gateway.api.routes`` calls it):
+``Authorization: Bearer <credential>`` (or ``?access_token=`` where the route allows it),
+then the admin token, an API key, or an access token; the scope the route needs; a 401
+counted against the client address (past the limit: 429 for a while, the admin token
+included), a 403 naming what is missing. Credentials never reach a log or an error body."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Protocol
+
+from aiohttp import web
+
+from gateway.access import apikeys
+from gateway.access.principal import ADMIN, Principal
+from gateway.access.tokens import InvalidToken, TokenVerifier
+from gateway.api.errors import ApiError
+from gateway.api.state import AUTHENTICATE, Authenticate
+from gateway.stores.runtime import Runtime
+
+CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+class Barrier(Protocol):
+    """The brute-force barrier (``gateway.security.brute``), as this check uses it."""
+
+    def client_ip(self, request: web.Request) -> str: ...
+    async def check(self, ip: str) -> None: ...
+    async def record_failure(self, ip: str) -> int: ...
+    def refusal(self, seconds: int) -> ApiError: ...
+
+
+def _digest(value: str) -> bytes:
+    # aiohttp hands header bytes that are not UTF-8 over as surrogates: hash the bytes sent.
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+def bearer(request: web.Request, query_token: bool) -> str | None:
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and presented.strip():
+        return presented.strip()
+    if query_token:
+        return request.query.get("access_token") or None
+    return None
+
+
+class Authenticator:
+    def __init__(self, runtime: Runtime, barrier: Barrier | None = None) -> None:
+        settings = runtime.settings
+        self.runtime = runtime
+        self.admin = _digest(settings.admin_token.get()) if settings.admin_token else None
+        self.tokens = TokenVerifier(settings)
+        self.barrier = barrier
+
+    async def __call__(self, request: web.Request, scope: str,
+                       query_token: bool) -> Principal:
+        ip = self.barrier.client_ip(request) if self.barrier else ""
+        if self.barrier:
+            await self.barrier.check(ip)  # a blocked address gets 429, whatever it presents
+        credential = bearer(request, query_token)
+        if credential is None:
+            raise await self._refuse(ip, "missing bearer credential")
+        principal, reason = await self._identify(credential)
+        if principal is None:
+            raise await self._refuse(ip, reason)
+        if not principal.allows(scope):
+            raise ApiError(403, "forbidden", f"the credential lacks the scope {scope}")
+        return principal
+
+    async def _identify(self, credential: str) -> tuple[Principal | None, str]:
+        if self.admin is not None and hmac.compare_digest(_digest(credential), self.admin):
+            return ADMIN, ""
+        if apikeys.looks_like_key(credential):
+            found = await apikeys.verify(self.runtime.pg, credential)
+            return found, "unknown or revoked API key"
+        if not self.tokens.enabled:
+            return None, "unknown credential"
+        try:
+            return await self.tokens.verify(credential), ""
+        except InvalidToken as exc:
+            return None, str(exc)
+
+    async def _refuse(self, ip: str, reason: str) -> ApiError:
+        error = ApiError(401, "unauthorized", reason, CHALLENGE)
+        if self.barrier is None:
+            return error
+        blocked_for = await self.barrier.record_failure(ip)
+        return self.barrier.refusal(blocked_for) if blocked_for else error
+
+
+def install(app: web.Application, runtime: Runtime, barrier: Barrier | None = None) -> None:
+    """Let every scoped route of ``app`` check credentials."""
+    check: Authenticate = Authenticator(runtime, barrier)
+    app[AUTHENTICATE] = check

@@ -1,0 +1,64 @@
+"""Who a request is: the admin (every scope, every topic), an API key or an access token with
+its scopes and topic patterns."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+SCOPES = ("jobs:write", "jobs:read", "jobs:critical", "search:read", "feed:read",
+          "metrics:read", "admin", "tokens:issue")
+
+
+def topic_matches(pattern: str, topic: str) -> bool:
+    """A pattern is a topic name, or a prefix ending in ``*``."""
+    if pattern.endswith("*"):
+        return topic.startswith(pattern[:-1])
+    return pattern == topic
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: str  # "admin", "apikey" or "token"
+    id: str  # "admin", the key's id, or the token's sub
+    scopes: frozenset[str]
+    topics: tuple[str, ...] = ()
+    jti: str | None = None
+    expires_at: float | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind == "admin"
+
+    @property
+    def owner(self) -> str:
+        """The namespace of what this principal submits (job ids): the admin's is the
+        global one; a key's and an account's are their own."""
+        if self.is_admin:
+            return ""
+        if self.kind == "apikey":
+            return f"k.{self.id}"
+        return "u." + hashlib.sha256(self.id.encode()).hexdigest()[:16]  # any sub, fixed size
+
+    def allows(self, scope: str) -> bool:
+        return self.is_admin or scope in self.scopes
+
+    def may_read(self, topic: str) -> bool:
+        return self.is_admin or any(topic_matches(p, topic) for p in self.topics)
+
+
+ADMIN = Principal("admin", "admin", frozenset(SCOPES), ("*",))
+
+
+def parse_scopes(value: str) -> frozenset[str]:
+    """Space- or comma-separated scope names; unknown ones are refused (a typo would
+    otherwise grant nothing, silently)."""
+    scopes = frozenset(s for s in value.replace(",", " ").split() if s)
+    unknown = sorted(scopes - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scope(s): {', '.join(unknown)} (known: {', '.join(SCOPES)})")
+    return scopes
+
+
+def parse_topics(value: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in value.split(",") if t.strip())

@@ -1,0 +1,114 @@
+"""Access tokens (JWT) with PyJWT: HS256 with ``GATEWAY_JWT_SECRET``, and RS256/ES256/EdDSA
+with the keys of ``GATEWAY_JWT_JWKS_URL`` (PyJWT's ``PyJWKClient`` caches them and refetches
+when a token names an unknown ``kid``). ``exp`` is required, ``iss``/``aud`` are checked when
+configured, and only those algorithms are accepted (``alg: none`` never is)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import time
+from typing import Any
+
+import jwt
+
+from gateway.access.principal import Principal, parse_scopes, parse_topics
+from gateway.config import Settings
+
+ASYMMETRIC = ["RS256", "ES256", "EdDSA"]
+DEFAULT_TTL = 900
+LEEWAY_SECONDS = 5
+JWKS_COOLDOWN_SECONDS = 10.0
+
+
+class InvalidToken(Exception):
+    """Why a presented token is refused (the message goes into the 401; never the token)."""
+
+
+class TokenVerifier:
+    def __init__(self, settings: Settings) -> None:
+        self.secret = settings.jwt_secret.get() if settings.jwt_secret else None
+        self.issuer = settings.jwt_issuer
+        self.audience = settings.jwt_audience
+        # An unknown kid refetches the key set, at most once per cooldown: random kids must
+        # not turn every forged token into a request to the identity provider.
+        cooldown = float(settings.section("access").get("jwks_cooldown_seconds",
+                                                        JWKS_COOLDOWN_SECONDS))
+        self.jwks = (jwt.PyJWKClient(settings.jwt_jwks_url, cache_keys=True, lifespan=300,
+                                     timeout=10, cooldown_duration=cooldown)
+                     if settings.jwt_jwks_url else None)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.secret or self.jwks)
+
+    async def verify(self, token: str) -> Principal:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise InvalidToken("not a JWT") from None
+        alg = header.get("alg")
+        if alg == "HS256" and self.secret:
+            key: Any = self.secret
+        elif alg in ASYMMETRIC and self.jwks is not None:
+            try:  # blocking HTTP on a cache miss: off the event loop
+                key = (await asyncio.to_thread(self.jwks.get_signing_key_from_jwt, token)).key
+            except jwt.PyJWTError as exc:
+                raise InvalidToken(f"signing key not found: {type(exc).__name__}") from None
+        else:
+            raise InvalidToken(f"algorithm {str(alg)[:20]!r} is not accepted")
+        try:
+            claims = jwt.decode(token, key, algorithms=[alg], issuer=self.issuer,
+                                audience=self.audience, leeway=LEEWAY_SECONDS,
+                                options={"require": ["exp", "sub"],
+                                         "verify_aud": self.audience is not None})
+        except jwt.ExpiredSignatureError:
+            raise InvalidToken("token expired") from None
+        except jwt.PyJWTError as exc:
+            raise InvalidToken(f"invalid token: {type(exc).__name__}") from None
+        return principal_from_claims(claims)
+
+
+def principal_from_claims(claims: dict[str, Any]) -> Principal:
+    try:
+        scopes = parse_scopes(str(claims.get("scope") or ""))
+    except ValueError as exc:
+        raise InvalidToken(str(exc)) from None
+    topics = claims.get("topics") or []
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise InvalidToken("topics must be a list of strings")
+    return Principal("token", str(claims["sub"]), scopes, tuple(topics),
+                     jti=str(claims["jti"]) if claims.get("jti") else None,
+                     expires_at=float(claims["exp"]))
+
+
+def mint(secret: str, sub: str, scopes: frozenset[str], topics: tuple[str, ...] = (),
+         ttl: int = DEFAULT_TTL, *, issuer: str | None = None,
+         audience: str | None = None) -> str:
+    """An HS256 access token (``gateway token``, ``gateway dev``)."""
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": sub, "iat": now, "exp": now + ttl,
+                              "jti": secrets.token_hex(12), "scope": " ".join(sorted(scopes)),
+                              "topics": list(topics)}
+    if issuer:
+        claims["iss"] = issuer
+    if audience:
+        claims["aud"] = audience
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def main_token(args: argparse.Namespace, settings: Settings) -> int:
+    """``gateway token --sub S [--scope ...] [--topics ...] [--ttl N]``: mint locally."""
+    if not settings.jwt_secret:
+        print("gateway token: GATEWAY_JWT_SECRET is required", file=sys.stderr)
+        return 2
+    try:
+        scopes = parse_scopes(args.scope)
+    except ValueError as exc:
+        print(f"gateway token: {exc}", file=sys.stderr)
+        return 2
+    print(mint(settings.jwt_secret.get(), args.sub, scopes, parse_topics(args.topics),
+               args.ttl, issuer=settings.jwt_issuer, audience=settings.jwt_audience))
+    return 0
