@@ -32,7 +32,8 @@ class Row:
     def must_expire(self) -> bool:
         """Every key in redis-cache carries a TTL; so do dedup claims and leases."""
         return self.kind == "key" and (
-            self.instance == "cache" or self.namespace.startswith(("dedup:", "lock:", "brute:"))
+            self.instance == "cache" or self.namespace.startswith(
+                ("dedup:", "lock:", "brute:", "bl:", "grace:"))
         )
 
 
@@ -46,6 +47,10 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
+    Row("bl:", "revoked access-token ids (jti) and per-account not-before marks",
+        "durable", "the token's remaining lifetime", "access"),
+    Row("grace:", "refresh-rotation grace: a just-spent refresh token -> its new pair",
+        "durable", "10 s", "access"),
     Row("lock:", "single-holder leases with fencing token (Mattermost listener, maintenance)",
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
@@ -105,6 +110,19 @@ def rl(*parts: object) -> str:
 
 def brute(*parts: object) -> str:
     return _join("brute:", *parts)
+
+
+def revoked_jti(jti: str) -> str:
+    return _join("bl:", "jti", jti)
+
+
+def revoked_before(sub: str) -> str:
+    """Tokens of ``sub`` issued before the value (Unix seconds) are refused."""
+    return _join("bl:", "sub", sub)
+
+
+def refresh_grace(token_hash: str) -> str:
+    return _join("grace:", token_hash)
 
 
 def lock(name: str) -> str:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from typing import Protocol
 
 from aiohttp import web
 
 from gateway.access import apikeys
 from gateway.access.principal import ADMIN, Principal
+from gateway.access.revocation import Revocations
 from gateway.access.tokens import InvalidToken, TokenVerifier
 from gateway.api.errors import ApiError
-from gateway.api.state import AUTHENTICATE, Authenticate
+from gateway.api.state import AUTHENTICATE, STILL_VALID, Authenticate, StillValid
 from gateway.stores.runtime import Runtime
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
@@ -51,6 +53,7 @@ class Authenticator:
         self.runtime = runtime
         self.admin = _digest(settings.admin_token.get()) if settings.admin_token else None
         self.tokens = TokenVerifier(settings)
+        self.revocations = Revocations(runtime.durable)
         self.barrier = barrier
 
     async def __call__(self, request: web.Request, scope: str,
@@ -77,9 +80,20 @@ class Authenticator:
         if not self.tokens.enabled:
             return None, "unknown credential"
         try:
-            return await self.tokens.verify(credential), ""
+            principal = await self.tokens.verify(credential)
         except InvalidToken as exc:
             return None, str(exc)
+        if await self.revocations.revoked(principal, principal.issued_at):
+            return None, "token revoked"
+        return principal, ""
+
+    async def still_valid(self, principal: object) -> bool:
+        """For an open stream: not expired and not revoked since it was authenticated."""
+        if not isinstance(principal, Principal) or principal.kind != "token":
+            return True
+        if principal.expires_at is not None and time.time() >= principal.expires_at:
+            return False
+        return not await self.revocations.revoked(principal, principal.issued_at)
 
     async def _refuse(self, ip: str, reason: str) -> ApiError:
         error = ApiError(401, "unauthorized", reason, CHALLENGE)
@@ -91,5 +105,8 @@ class Authenticator:
 
 def install(app: web.Application, runtime: Runtime, barrier: Barrier | None = None) -> None:
     """Let every scoped route of ``app`` check credentials."""
-    check: Authenticate = Authenticator(runtime, barrier)
+    authenticator = Authenticator(runtime, barrier)
+    check: Authenticate = authenticator
+    still_valid: StillValid = authenticator.still_valid
     app[AUTHENTICATE] = check
+    app[STILL_VALID] = still_valid

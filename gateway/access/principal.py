@@ -25,6 +25,7 @@ class Principal:
     topics: tuple[str, ...] = ()
     jti: str | None = None
     expires_at: float | None = None
+    issued_at: float | None = None
 
     @property
     def is_admin(self) -> bool:

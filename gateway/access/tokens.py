@@ -79,9 +79,11 @@ def principal_from_claims(claims: dict[str, Any]) -> Principal:
     topics = claims.get("topics") or []
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise InvalidToken("topics must be a list of strings")
+    issued = claims.get("iat")
     return Principal("token", str(claims["sub"]), scopes, tuple(topics),
                      jti=str(claims["jti"]) if claims.get("jti") else None,
-                     expires_at=float(claims["exp"]))
+                     expires_at=float(claims["exp"]),
+                     issued_at=float(issued) if isinstance(issued, int | float) else None)
 
 
 def mint(secret: str, sub: str, scopes: frozenset[str], topics: tuple[str, ...] = (),

@@ -32,6 +32,8 @@ class Principal(Protocol):
     def owner(self) -> str: ...
     @property
     def is_admin(self) -> bool: ...
+    @property
+    def expires_at(self) -> float | None: ...
 
     def allows(self, scope: str) -> bool: ...
     def may_read(self, topic: str) -> bool: ...
@@ -40,6 +42,9 @@ class Principal(Protocol):
 # Authenticates a request for a route's scope: the principal, or an ApiError (401/403/429).
 Authenticate = Callable[[web.Request, str, bool], Awaitable[Principal]]
 AUTHENTICATE: web.AppKey[Authenticate] = web.AppKey("authenticate")
+# Is an authenticated principal still valid (not revoked since)? For long-lived requests.
+StillValid = Callable[[Principal], Awaitable[bool]]
+STILL_VALID: web.AppKey[StillValid] = web.AppKey("still_valid")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")  # who the request is
 PUBLIC = "public"  # the scope of routes that need no credential (signed or harmless ones)
 

@@ -13,7 +13,9 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from aiohttp import web
@@ -214,12 +216,16 @@ class _Stream:
                 self.response.write(f"event: {DISCONNECT_EVENT}\ndata: {body}\n\n".encode()), 1.0)
 
 
-async def stream(request: web.Request, hub: Hub, pool: asyncpg.Pool,
-                 config: PushSettings) -> web.StreamResponse:
+async def stream(request: web.Request, hub: Hub, pool: asyncpg.Pool, config: PushSettings,
+                 watch: Callable[[Subscriber], Coroutine[Any, Any, None]] | None = None
+                 ) -> web.StreamResponse:
+    """``watch`` runs beside the stream and may close the subscription (a credential that
+    expired or was revoked): the client then gets ``gateway.disconnect`` with the reason."""
     topics = parse_topics(request.query.get("topics"), config.max_topics_per_stream)
     since = parse_since(request)
     sub = await hub.subscribe(topics)
     sub.transport = request.transport
+    watcher = asyncio.create_task(watch(sub)) if watch is not None else None
     try:
         heads = await feed.heads(pool, list(topics))
         positions = {}
@@ -244,4 +250,6 @@ async def stream(request: web.Request, hub: Hub, pool: asyncpg.Pool,
             metrics.STREAMS.dec()
         return session.response
     finally:
+        if watcher is not None:
+            watcher.cancel()
         hub.unsubscribe(sub)

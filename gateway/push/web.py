@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import add_readiness_check, principal_of
+from gateway.api.state import STILL_VALID, add_readiness_check, principal_of
 from gateway.push import feed, sse
-from gateway.push.hub import Hub
+from gateway.push.hub import Hub, Subscriber
 from gateway.push.protocol import FeedError
 from gateway.push.retention import run_retention
 from gateway.push.settings import PushSettings
@@ -42,6 +44,37 @@ def require_topics(request: web.Request, topics: tuple[str, ...] | list[str]) ->
     if forbidden:
         raise ApiError(403, "forbidden", "the credential may not read topic(s): "
                        + ", ".join(t[:100] for t in forbidden[:10]))
+
+
+WATCH_SECONDS = 2.0  # a revoked credential's stream ends within this (plus the 1 s cache)
+
+
+Watch = Callable[[Subscriber], Coroutine[Any, Any, None]]
+
+
+def watch_credential(request: web.Request) -> Watch | None:
+    """For a stream opened with an access token: end it when the token expires
+    (``token_expired``) or is revoked (``revoked``), so the client refreshes and resumes."""
+    principal = principal_of(request)
+    still_valid = request.app.get(STILL_VALID)
+    if principal.expires_at is None or still_valid is None:
+        return None
+    valid = still_valid
+    expires_at = principal.expires_at
+
+    async def watch(sub: Subscriber) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, min(WATCH_SECONDS, expires_at - time.time())))
+            if time.time() >= expires_at:
+                sub.close("token_expired: the access token expired; refresh it and reconnect"
+                          " with Last-Event-ID")
+                return
+            with contextlib.suppress(Exception):  # a store blip: look again next time
+                if not await valid(principal):
+                    sub.close("revoked: the credential was revoked")
+                    return
+
+    return watch
 
 
 def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -88,7 +121,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     async def stream(request: web.Request) -> web.StreamResponse:
         require_topics(request, sse.parse_topics(request.query.get("topics"),
                                                  config.max_topics_per_stream))
-        return await sse.stream(request, hub, runtime.pg, config)
+        return await sse.stream(request, hub, runtime.pg, config, watch_credential(request))
 
     async def signals() -> tuple[bool, str]:
         if hub.signals_up:

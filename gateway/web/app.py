@@ -29,6 +29,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.web.search",
     "gateway.push.web",
     "gateway.web.dashboard",
+    "gateway.web.auth",
 )
 
 

@@ -1,0 +1,146 @@
+"""``/v1/auth/...``: issuing and ending access tokens.
+
+- ``POST /v1/auth/token`` (``tokens:issue``): ``{"sub", "scope"?, "topics"?, "ttl"?}`` → an
+  access token and the first refresh token of a new family; never wider than the issuer.
+- ``POST /v1/auth/refresh`` ``{"refresh_token"}`` → the next pair (the token is the
+  credential; refusals count in the address's brute-force barrier).
+- ``POST /v1/auth/revoke`` ``{"token"}``: the holder ends an access token (``bl:``) or a
+  refresh token's family; answered 200 either way (RFC 7009), so it reveals nothing.
+- ``POST /v1/admin/revoke`` (``admin``): ``{"jti"}`` or ``{"sub"}`` (every token of the
+  account issued until now, and its refresh families).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from gateway.access.principal import parse_scopes
+from gateway.access.refresh import PREFIX as REFRESH_PREFIX
+from gateway.access.refresh import Grant, Issuer, Refused, narrower
+from gateway.access.revocation import Revocations
+from gateway.access.tokens import DEFAULT_TTL, InvalidToken, TokenVerifier
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import PUBLIC, principal_of
+from gateway.inbound.http_intake import install as install_inbound
+from gateway.inbound.http_intake import read_body
+from gateway.stores.runtime import Runtime
+
+MAX_TTL = 86400
+# bl: marks whose token lifetime is unknown live this long: longer than any token we issue.
+LONGEST_SECONDS = 7 * 86400
+CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await read_body(request) or b"{}")
+    except ValueError:
+        raise ApiError(400, "bad_request", "body must be JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "body must be a JSON object")
+    return body
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise ApiError(400, "bad_request", f"{name} must be a non-empty string")
+    return value
+
+
+class AuthRoutes:
+    def __init__(self, app: web.Application, runtime: Runtime) -> None:
+        settings = runtime.settings
+        self.runtime = runtime
+        self.verifier = TokenVerifier(settings)
+        self.revocations = Revocations(runtime.durable)
+        self.barrier = install_inbound(app, runtime).barrier
+        self.issuer = (Issuer(runtime.pg, runtime.durable, settings.jwt_secret.get(),
+                              issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+                       if settings.jwt_secret else None)
+
+    def _issuing(self) -> Issuer:
+        if self.issuer is None:
+            raise ApiError(503, "not_configured",
+                           "issuing tokens needs GATEWAY_JWT_SECRET on the gateway")
+        return self.issuer
+
+    async def token(self, request: web.Request) -> web.Response:
+        issuer, principal = self._issuing(), principal_of(request)
+        body = await _body(request)
+        sub = _text(body, "sub")
+        assert sub is not None
+        try:
+            scopes = parse_scopes(str(body.get("scope") or "feed:read"))
+        except ValueError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+        topics = body.get("topics") or []
+        if not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics):
+            raise ApiError(400, "bad_request", "topics must be a list of topic patterns")
+        ttl = body.get("ttl", DEFAULT_TTL)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL:
+            raise ApiError(400, "bad_request", f"ttl must be 1-{MAX_TTL} seconds")
+        wider = narrower(principal, scopes, tuple(topics))  # type: ignore[arg-type]
+        if wider:
+            raise ApiError(403, "forbidden", f"wider than the issuing credential: {wider}")
+        pair = await issuer.login(Grant(sub, scopes, tuple(topics), ttl))
+        return web.json_response(pair)
+
+    async def refresh(self, request: web.Request) -> web.Response:
+        issuer = self._issuing()
+        ip = self.barrier.client_ip(request)
+        await self.barrier.check(ip)
+        presented = _text(await _body(request), "refresh_token")
+        assert presented is not None
+        try:
+            return web.json_response(await issuer.refresh(presented))
+        except Refused as exc:
+            blocked_for = await self.barrier.record_failure(ip)
+            if blocked_for:
+                raise self.barrier.refusal(blocked_for) from None
+            raise ApiError(401, "unauthorized", str(exc), CHALLENGE) from None
+
+    async def revoke(self, request: web.Request) -> web.Response:
+        presented = _text(await _body(request), "token")
+        assert presented is not None
+        revoked = False
+        if presented.startswith(REFRESH_PREFIX):
+            revoked = await self._issuing().revoke_token(presented)
+        elif self.verifier.enabled:
+            try:
+                principal = await self.verifier.verify(presented)
+            except InvalidToken:
+                principal = None
+            if principal is not None and principal.jti:
+                await self.revocations.revoke_jti(principal.jti, principal.expires_at,
+                                                  LONGEST_SECONDS)
+                revoked = True
+        return web.json_response({"revoked": revoked})
+
+    async def admin_revoke(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        jti, sub = _text(body, "jti", required=False), _text(body, "sub", required=False)
+        if (jti is None) == (sub is None):
+            raise ApiError(400, "bad_request", "give exactly one of jti and sub")
+        if jti is not None:
+            await self.revocations.revoke_jti(jti, None, LONGEST_SECONDS)
+            return web.json_response({"revoked": {"jti": jti}})
+        assert sub is not None
+        await self.revocations.revoke_sub(sub, LONGEST_SECONDS)
+        if self.issuer is not None:
+            await self.issuer.revoke_sub(sub)
+        return web.json_response({"revoked": {"sub": sub}})
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    auth = AuthRoutes(app, runtime)
+    routes.post(app, "/v1/auth/token", auth.token, scope="tokens:issue")
+    routes.post(app, "/v1/auth/refresh", auth.refresh, scope=PUBLIC)  # the token is the credential
+    routes.post(app, "/v1/auth/revoke", auth.revoke, scope=PUBLIC)  # so is the revoked one
+    routes.post(app, "/v1/admin/revoke", auth.admin_revoke, scope="admin")

@@ -1,0 +1,154 @@
+"""``/v1/auth/token``, ``/refresh`` (rotation, the 10 s grace, reuse revokes the family),
+``/revoke`` and ``/v1/admin/revoke``; an open stream ends when its token expires or is
+revoked."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from gateway import keys
+from gateway.access.refresh import token_hash
+from gateway.config import Secret, Settings
+from gateway.push.web import HUB
+from gateway.stores.runtime import Runtime, open_runtime
+from gateway.web.app import create_app
+from tests.conftest import TEST_ADMIN_TOKEN
+from tests.helpers import registry_violations, wait_until
+
+SECRET = "auth-test-secret-0123456789-0123456789"
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def client(runtime: Runtime, settings: Settings,
+                 make_client: Callable[..., Any]) -> AsyncIterator[TestClient[Any, Any]]:
+    rt = await open_runtime(dataclasses.replace(settings, jwt_secret=Secret(SECRET)))
+    try:
+        yield await make_client(create_app(rt), rt=rt)
+    finally:
+        await rt.close()
+
+
+async def issue(client: TestClient[Any, Any], headers: dict[str, str] = ADMIN,
+                **body: Any) -> tuple[int, Any]:
+    payload = {"sub": "alice", "scope": "feed:read", "topics": ["conversation:1"], **body}
+    async with client.post("/v1/auth/token", json=payload, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def feed_status(client: TestClient[Any, Any], access: str,
+                      topic: str = "conversation:1") -> int:
+    async with client.get(f"/v1/feed?topic={topic}", headers=bearer(access)) as response:
+        return response.status
+
+
+async def refresh(client: TestClient[Any, Any], token: str) -> tuple[int, Any]:
+    async with client.post("/v1/auth/refresh", json={"refresh_token": token},
+                           headers={"Authorization": ""}) as response:
+        return response.status, await response.json()
+
+
+async def test_issue_and_never_wider_than_the_issuer(client: TestClient[Any, Any]) -> None:
+    status, pair = await issue(client)
+    assert status == 200 and pair["token_type"] == "Bearer" and pair["expires_in"] == 900
+    assert await feed_status(client, pair["access_token"]) == 200
+    assert await feed_status(client, pair["access_token"], "conversation:2") == 403
+    status, issuer = await issue(client, scope="tokens:issue feed:read",
+                                 topics=["conversation:*"])
+    assert status == 200
+    status, wider = await issue(client, bearer(issuer["access_token"]), topics=["pipeline"])
+    assert status == 403 and "pipeline" in wider["detail"]
+    status, wider = await issue(client, bearer(issuer["access_token"]), scope="admin")
+    assert status == 403 and "admin" in wider["detail"]
+    status, _ = await issue(client, bearer(issuer["access_token"]), topics=["conversation:7"])
+    assert status == 200
+    status, _ = await issue(client, bearer(pair["access_token"]))
+    assert status == 403  # no tokens:issue
+
+
+async def test_refresh_rotates_grace_then_reuse_revokes_the_family(
+        client: TestClient[Any, Any], runtime: Runtime) -> None:
+    _, first = await issue(client)
+    status, second = await refresh(client, first["refresh_token"])
+    assert status == 200 and second["refresh_token"] != first["refresh_token"]
+    assert await feed_status(client, second["access_token"]) == 200
+    again_status, again = await refresh(client, first["refresh_token"])  # within the grace
+    assert again_status == 200 and again == second
+    grace = keys.refresh_grace(token_hash(first["refresh_token"]).hex())
+    assert 0 < await runtime.durable.ttl(grace) <= 10
+    assert await registry_violations(runtime.durable, "durable") == []
+    await runtime.durable.delete(grace)  # as 10 s later
+    status, refused = await refresh(client, first["refresh_token"])
+    assert status == 401 and "family" in refused["detail"]
+    status, _ = await refresh(client, second["refresh_token"])
+    assert status == 401  # the thief's copy and the owner's are both dead now
+
+
+async def test_two_concurrent_refreshes_both_succeed(client: TestClient[Any, Any]) -> None:
+    _, first = await issue(client)
+    (a_status, a), (b_status, b) = await asyncio.gather(
+        refresh(client, first["refresh_token"]), refresh(client, first["refresh_token"]))
+    assert (a_status, b_status) == (200, 200) and a == b
+
+
+async def test_revoke_an_access_token_and_an_account(client: TestClient[Any, Any]) -> None:
+    _, pair = await issue(client)
+    async with client.post("/v1/auth/revoke", json={"token": pair["access_token"]},
+                           headers={"Authorization": ""}) as revoked:
+        assert revoked.status == 200 and (await revoked.json()) == {"revoked": True}
+    await wait_until(lambda: _status_is(client, pair["access_token"], 401), timeout=3,
+                     message="revoked within the 1 s cache")
+    _, later = await issue(client, sub="bob")
+    _, other = await issue(client, sub="carol")
+    async with client.post("/v1/admin/revoke", json={"sub": "bob"}) as by_admin:
+        assert by_admin.status == 200
+    await wait_until(lambda: _status_is(client, later["access_token"], 401), timeout=3,
+                     message="bob's tokens refused")
+    assert await feed_status(client, other["access_token"]) == 200
+    status, _ = await refresh(client, later["refresh_token"])
+    assert status == 401  # bob's refresh families ended too
+    async with client.post("/v1/auth/revoke", json={"token": "garbage"},
+                           headers={"Authorization": ""}) as unknown:
+        assert unknown.status == 200 and (await unknown.json()) == {"revoked": False}
+
+
+async def _status_is(client: TestClient[Any, Any], access: str, status: int) -> bool:
+    return await feed_status(client, access) == status
+
+
+async def _disconnect_reason(client: TestClient[Any, Any], access: str) -> str:
+    async with client.get("/v1/stream?topics=conversation:1", headers=bearer(access)) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: ") and b'"reason"' in line:
+                return str(json.loads(line[6:])["reason"])
+    raise AssertionError("the stream ended without gateway.disconnect")
+
+
+async def test_a_stream_ends_when_its_token_expires(client: TestClient[Any, Any]) -> None:
+    _, short = await issue(client, ttl=2)
+    async with asyncio.timeout(10):
+        assert await _disconnect_reason(client, short["access_token"]) == "token_expired"
+
+
+async def test_a_stream_ends_when_its_token_is_revoked(client: TestClient[Any, Any]) -> None:
+    _, pair = await issue(client)
+    reading = asyncio.create_task(_disconnect_reason(client, pair["access_token"]))
+    hub = client.server.app[HUB]  # type: ignore[union-attr]
+    await wait_until(lambda: hub.subscriber_count == 1, timeout=5, message="stream open")
+    async with client.post("/v1/auth/revoke", json={"token": pair["access_token"]},
+                           headers={"Authorization": ""}) as revoked:
+        assert revoked.status == 200
+    async with asyncio.timeout(6):  # 2 s watch + 1 s cache, within the 5 s promised
+        assert await reading == "revoked"
