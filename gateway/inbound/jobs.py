@@ -7,11 +7,14 @@ random item id and needs no claim. Validation happens before anything is written
 Job ids belong to the credential that submits them: an API key's or an account's item ids are
 ``<owner>/<job_id>`` (``k.<key id>``, ``u.<hash of sub>``), so another credential can neither
 take a job id first nor read the job; the admin token's are the bare job ids and it reads
-every job. ``critical`` priority needs the ``jobs:critical`` scope.
+every job. ``critical`` priority needs the ``jobs:critical`` scope. Submissions are limited
+per credential (``[access] jobs_per_minute``, 600; the admin token is not), so one client
+cannot crowd out the others: 429 + ``Retry-After`` past it.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +37,7 @@ from gateway.inbound.http_intake import (
 from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.pipeline.status import job_status
+from gateway.ratelimit import Limiter
 from gateway.stores.runtime import Runtime
 
 # Webhook items are "webhook:<source>:<id>"; a job_id may not impersonate one.
@@ -92,6 +96,8 @@ async def submit_job(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if priority == "critical" and not principal.allows("jobs:critical"):
         raise ApiError(403, "forbidden", "priority critical needs the scope jobs:critical")
+    if not principal.is_admin:
+        await request.app[JOB_RATE].admit(principal.owner)
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
         keys.dedup_job(item_id) if job_id else None, item_id, document,
@@ -119,7 +125,27 @@ async def get_job(request: web.Request) -> web.Response:
     return web.json_response(status)
 
 
+class JobRate:
+    """The per-credential submission limit (a sliding window in ``rl:``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.limiter = Limiter(runtime.durable)
+        self.per_minute = int(runtime.settings.section("access").get("jobs_per_minute", 600))
+
+    async def admit(self, owner: str) -> None:
+        decision = await self.limiter.check(f"jobs:{owner}", rate=self.per_minute, period=60,
+                                            burst=self.per_minute)
+        if not decision.admitted:
+            raise ApiError(429, "rate_limited",
+                           f"more than {self.per_minute} jobs a minute for this credential",
+                           {"Retry-After": str(max(1, math.ceil(decision.wait)))})
+
+
+JOB_RATE: web.AppKey[JobRate] = web.AppKey("job_rate", JobRate)
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     install(app, runtime)
+    app[JOB_RATE] = JobRate(runtime)
     routes.post(app, "/v1/jobs", submit_job, scope="jobs:write")
     routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")

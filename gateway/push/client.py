@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -73,7 +73,11 @@ class PushClient:
                  dead_after_seconds: float = 40.0, page_rows: int = 500,
                  session: aiohttp.ClientSession | None = None,
                  headers: Mapping[str, str] | None = None, buffer_rows: int = 10000,
-                 on_trimmed: Callable[[str, int, int], None] | None = None) -> None:
+                 on_trimmed: Callable[[str, int, int], None] | None = None,
+                 credential: Callable[[], Awaitable[str]] | None = None) -> None:
+        """``credential``: an async function returning the bearer credential to use, asked
+        before every connect and feed read (cache and refresh it there): a stream the server
+        ends at token expiry or revocation then resumes with a fresh one, from its cursor."""
         # Several base URLs (replicas without a balancer in front): the next one after every
         # interruption, so a replica that stops (its streams end with gateway.disconnect)
         # hands its clients to the others.
@@ -92,6 +96,7 @@ class PushClient:
         self._session = session
         self._own_session = session is None
         self._headers = dict(headers or {})
+        self._credential = credential
         self._on_trimmed = on_trimmed
         self._out: asyncio.Queue[FeedRow] = asyncio.Queue(buffer_rows)
         self._task: asyncio.Task[None] | None = None
@@ -162,6 +167,11 @@ class PushClient:
 
     # --- connection ----------------------------------------------------------------------
 
+    async def _auth(self) -> dict[str, str]:
+        if self._credential is None:
+            return self._headers
+        return {**self._headers, "Authorization": f"Bearer {await self._credential()}"}
+
     @property
     def base_url(self) -> str:
         return self.base_urls[self._url_index]
@@ -183,7 +193,7 @@ class PushClient:
 
     async def _stream_once(self) -> None:
         assert self._session is not None
-        headers = {"Accept": "text/event-stream", **self._headers}
+        headers = {"Accept": "text/event-stream", **await self._auth()}
         if self.positions:
             headers["Last-Event-ID"] = self.cursor
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
@@ -296,7 +306,7 @@ class PushClient:
         self.gap_fills += 1
         while True:
             async with self._session.get(
-                    f"{self.base_url}/v1/feed", headers=self._headers,
+                    f"{self.base_url}/v1/feed", headers=await self._auth(),
                     params={"topic": topic, "after": str(track.offset),
                             "limit": str(self.page_rows)},
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:

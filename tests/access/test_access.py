@@ -231,3 +231,20 @@ async def test_gateway_token_mints_what_the_gateway_accepts(
     client = await apps(jwt_secret=Secret(SECRET))
     async with client.get("/v1/feed?topic=pipeline", headers=bearer(out.strip())) as ok:
         assert ok.status == 200
+
+
+async def test_jobs_are_limited_per_credential(apps: Callable[..., Any]) -> None:
+    client = await apps(jwt_secret=Secret(SECRET),
+                        sections={"access": {"jobs_per_minute": 3}})
+    busy, quiet = token("jobs:write"), token("jobs:write", sub="quiet")
+    statuses = []
+    for n in range(4):
+        async with client.post("/v1/jobs", json={"document": {"text": f"job {n}"}},
+                               headers=bearer(busy)) as response:
+            statuses.append(response.status)
+            if response.status == 429:
+                assert int(response.headers["Retry-After"]) >= 1
+    assert statuses == [202, 202, 202, 429]
+    async with client.post("/v1/jobs", json={"document": {"text": "mine"}},
+                           headers=bearer(quiet)) as other:
+        assert other.status == 202  # another credential is not held up

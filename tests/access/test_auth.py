@@ -152,3 +152,39 @@ async def test_a_stream_ends_when_its_token_is_revoked(client: TestClient[Any, A
         assert revoked.status == 200
     async with asyncio.timeout(6):  # 2 s watch + 1 s cache, within the 5 s promised
         assert await reading == "revoked"
+
+
+async def test_push_client_refreshes_and_resumes_across_expiry(
+        client: TestClient[Any, Any], runtime: Runtime) -> None:
+    """Tokens of 2 s, rows for 5 s: the stream is ended at each expiry, the client asks its
+    credential function again and resumes from its cursor: every row once, in order."""
+    import time
+
+    from gateway.push import feed
+    from gateway.push.client import PushClient
+
+    issued: list[tuple[str, float]] = []
+
+    async def credential() -> str:
+        if not issued or issued[-1][1] - time.time() < 0.5:
+            _, pair = await issue(client, ttl=2)
+            issued.append((pair["access_token"], time.time() + 2))
+        return issued[-1][0]
+
+    base = str(client.make_url("")).rstrip("/")
+    offsets: list[int] = []
+    async with PushClient(base, ["conversation:1"], since={"conversation:1": 0},
+                          credential=credential, poll_seconds=0.5) as push:
+        async def follow() -> None:
+            async for row in push:
+                offsets.append(row.offset)
+
+        following = asyncio.create_task(follow())
+        for n in range(25):
+            await feed.append_and_publish(runtime.pg, runtime.cache, "conversation:1",
+                                          "message", {"n": n})
+            await asyncio.sleep(0.2)  # a producer's pace (5 s in all), not a synchronisation
+        await wait_until(lambda: len(offsets) >= 25, timeout=10, message="every row")
+        following.cancel()
+    assert offsets == list(range(1, 26))
+    assert len(issued) >= 2 and push.connects >= 2  # it did go through an expiry

@@ -5,11 +5,14 @@
 "use strict";
 
 class GatewayPush {
-  constructor(topics, { onRow, onState = () => {}, pollMs = 5000, base = "", since = {}, token = null } = {}) {
+  constructor(topics, { onRow, onState = () => {}, pollMs = 5000, base = "", since = {}, token = null, credential = null } = {}) {
     this.topics = topics;
-    // A credential with feed:read and the topics: sent as a header (fetch can; EventSource
-    // could not, which is what ?access_token= on /v1/stream is for).
-    this.headers = token ? { Authorization: `Bearer ${token}` } : {};
+    // A credential with feed:read and the topics, sent as a header (fetch can; EventSource
+    // could not, which is what ?access_token= on /v1/stream is for). `credential`, an async
+    // function, is asked before every connect and feed read: a stream ended at token expiry
+    // or revocation resumes from its cursor with what it returns (refresh the token there).
+    this.token = token;
+    this.credential = credential;
     this.onRow = onRow;
     this.onState = onState;
     this.pollMs = pollMs;
@@ -21,6 +24,11 @@ class GatewayPush {
 
   stop() {
     this.stopped = true;
+  }
+
+  async auth() {
+    const token = this.credential ? await this.credential() : this.token;
+    return token ? { Authorization: `Bearer ${token}` } : {};
   }
 
   cursor() {
@@ -63,7 +71,7 @@ class GatewayPush {
     const params = new URLSearchParams({ topics: this.topics.join(",") });
     const since = this.cursor();
     if (since) params.set("since", since);
-    const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream", ...this.headers } });
+    const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream", ...(await this.auth()) } });
     if (!resp.ok) throw new Error(`stream answered ${resp.status}`);
     this.adopt(resp.headers);
     await this.serial(() => this.fillAll());
@@ -154,7 +162,7 @@ class GatewayPush {
     if (tr.offset === null) return;
     for (;;) {
       const params = new URLSearchParams({ topic, after: String(tr.offset), limit: "500" });
-      const resp = await fetch(`${this.base}/v1/feed?${params}`, { headers: this.headers });
+      const resp = await fetch(`${this.base}/v1/feed?${params}`, { headers: await this.auth() });
       if (!resp.ok) throw new Error(`feed answered ${resp.status}`);
       const body = await resp.json();
       if (tr.epoch !== null && body.epoch !== tr.epoch) { tr.epoch = body.epoch; tr.offset = 0; continue; }
