@@ -114,6 +114,7 @@ class Settings:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     metrics_public: bool = False
+    cors_origins: tuple[str, ...] = ()
     # Set by `gateway serve --telegram-polling`, not by the environment.
     telegram_polling: bool = False
     # Free-form sections of the TOML file (handlers, limits, ...) for the modules that own them.
@@ -204,6 +205,14 @@ def _parse_bool(name: str, value: str) -> bool:
     raise ConfigError(name, "must be true or false")
 
 
+def _parse_origins(name: str, value: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+    for origin in origins:
+        if not origin.startswith(("http://", "https://")) or "/" in origin.split("://", 1)[1]:
+            raise ConfigError(name, f"{origin[:60]!r} is not an origin (scheme://host[:port])")
+    return origins
+
+
 def _parse_durable_ack(name: str, value: str) -> str:
     if value not in DURABLE_ACKS:
         raise ConfigError(name, f"must be one of {', '.join(DURABLE_ACKS)}")
@@ -268,6 +277,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_JWT_ISSUER": ("jwt_issuer", _parse_text),
     "GATEWAY_JWT_AUDIENCE": ("jwt_audience", _parse_text),
     "GATEWAY_METRICS_PUBLIC": ("metrics_public", _parse_bool),
+    "GATEWAY_CORS_ORIGINS": ("cors_origins", _parse_origins),
 }
 ENV_VARIABLES = tuple(_ENV)
 

@@ -19,6 +19,7 @@ from gateway.inbound.http_intake import install as install_inbound
 from gateway.stores.runtime import Runtime
 
 COMPONENTS: tuple[str, ...] = (
+    "gateway.web.cors",
     "gateway.web.health",
     "gateway.inbound.webhooks",
     "gateway.inbound.jobs",

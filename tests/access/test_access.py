@@ -248,3 +248,26 @@ async def test_jobs_are_limited_per_credential(apps: Callable[..., Any]) -> None
     async with client.post("/v1/jobs", json={"document": {"text": "mine"}},
                            headers=bearer(quiet)) as other:
         assert other.status == 202  # another credential is not held up
+
+
+async def test_cors_for_the_configured_origins_only(apps: Callable[..., Any]) -> None:
+    client = await apps(cors_origins=("https://app.example",))
+    allowed = {"Origin": "https://app.example", "Access-Control-Request-Method": "GET",
+               "Access-Control-Request-Headers": "authorization"}
+    async with client.options("/v1/feed", headers=allowed) as preflight:
+        assert preflight.status == 204
+        assert preflight.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "Authorization" in preflight.headers["Access-Control-Allow-Headers"]
+    async with client.get("/v1/feed?topic=pipeline",
+                          headers={"Origin": "https://app.example"}) as response:
+        assert response.status == 200
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    async with client.get("/v1/feed?topic=pipeline",
+                          headers={"Origin": "https://evil.example"}) as foreign:
+        assert "Access-Control-Allow-Origin" not in foreign.headers
+    async with client.options("/v1/feed", headers={**allowed,
+                                                   "Origin": "https://evil.example"}) as no:
+        assert "Access-Control-Allow-Origin" not in no.headers
+    async with client.get("/v1/admin/queues",
+                          headers={"Origin": "https://app.example"}) as admin:
+        assert "Access-Control-Allow-Origin" not in admin.headers  # not a browser route
