@@ -10,6 +10,12 @@ wrk's Lua script only cycles through pre-signed ids (LuaJIT has no HMAC).
 
     python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2] [--aof]
 
+``--jobs`` adds authenticated ``POST /v1/jobs`` runs against one gateway process: with the
+admin token (a digest compare: the floor), an API key (its row read from PostgreSQL on every
+request, so a revocation holds at once) and an HS256 access token (signature, claims, the
+revocation cache), and prints each one's server CPU per request and the share the
+credential adds over the admin token's (target: at most 10 %).
+
 ``--aof`` also runs the gateway with ``GATEWAY_DURABLE_ACK=aof`` (a 202 after WAITAOF, one
 per coalesced batch) on a second redis-durable with ``appendfsync always``, the setting that
 goes with it, and prints its cost against the default (``none`` on ``everysec``); both are
@@ -109,6 +115,23 @@ end
 """
 
 
+JOBS_SCRIPT = """
+local credential, body
+function init(args)
+  credential = args[1]
+  local f = io.open(args[2], "rb"); body = f:read("*a"); f:close()
+end
+function request()
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json",
+    ["Authorization"] = "Bearer " .. credential}, body)
+end
+"""
+JOB_BODY = json.dumps({"type": "other", "document": {
+    "text": "Quarterly report: revenue grew and costs held.", "title": "report"}}).encode()
+BENCH_ADMIN = "bench-admin-token-0123456789"
+BENCH_JWT_SECRET = "bench-jwt-secret-0123456789-0123456789"
+
+
 @dataclass
 class Result:
     name: str
@@ -146,6 +169,12 @@ def parse_wrk(name: str, output: str) -> Result:
     p50 = _ms(re.search(r"\s50%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
     statuses = {int(c): int(n) for c, n in re.findall(r"status (\d+) (\d+)", output)}
+    if not statuses:  # a script without a status tally: wrk's own totals
+        total = int(re.search(r"(\d+) requests in", output).group(1))  # type: ignore[union-attr]
+        failed = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+        statuses = {2: total - (int(failed.group(1)) if failed else 0)}
+        if failed:
+            statuses[0] = int(failed.group(1))
     return Result(name, rps, p50, p99, statuses)
 
 
@@ -216,19 +245,77 @@ def fresh_durable(url: str) -> int:
 
 
 def run_wrk(url: str, script: Path, ids: Path, timestamp: int, body: Path, duration: float,
-            connections: int, core: int, name: str) -> Result:
+            connections: int, core: int, name: str, jobs: bool = False) -> Result:
+    """``jobs``: the jobs script, whose arguments are the credential (passed as ``ids``)
+    and the body."""
+    script_args = [str(ids), str(body)] if jobs else [str(ids), str(timestamp), str(body)]
     cmd = ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}",
            f"-d{max(1, round(duration))}s",
-           "--latency", "-s", str(script), url, "--", str(ids), str(timestamp), str(body)]
+           "--latency", "-s", str(script), url, "--", *script_args]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=duration + 60)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
-        raise SystemExit(f"bench: wrk failed: {out.stderr or out.stdout}")
+        raise SystemExit(f"bench: wrk failed ({out.returncode}): {out.stderr or out.stdout}")
     result = parse_wrk(name, out.stdout)
     used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     result.load_cpu = used / max(1, round(duration))
     return result
+
+
+def jobs_runs(root: Path, env: dict[str, str], gateway_cmd: list[str], port: int,
+              durable_url: str, database_url: str, args: argparse.Namespace) -> None:
+    """Authenticated POST /v1/jobs with three credentials against one gateway process."""
+    import asyncio
+
+    from gateway.access import apikeys
+    from gateway.access.principal import parse_scopes
+    from gateway.access.tokens import mint
+    from gateway.stores.postgres import create_pool
+
+    async def new_key() -> str:
+        pool = await create_pool(database_url, max_size=1)
+        try:
+            created = await apikeys.create(pool, "bench", parse_scopes("jobs:write"), ())
+        finally:
+            await pool.close()
+        return str(created["key"])
+
+    # The per-credential job limit is measured apart (its window script is not the
+    # credential check): off for the first pass of each round, on for the second.
+    config = root / "jobs.toml"
+    credentials = {"admin": BENCH_ADMIN, "apikey": asyncio.run(new_key()),
+                   "jwt": mint(BENCH_JWT_SECRET, "bench", parse_scopes("jobs:write"), (),
+                               ttl=3600)}
+    script, body = root / "jobs.lua", root / "job.json"
+    script.write_text(JOBS_SCRIPT)
+    body.write_bytes(JOB_BODY)
+    url = f"http://127.0.0.1:{port}/v1/jobs"
+    jobs_env = {**env, "GATEWAY_ADMIN_TOKEN": BENCH_ADMIN, "GATEWAY_JWT_SECRET": BENCH_JWT_SECRET,
+                "GATEWAY_CONFIG": str(config)}
+    for round_no, limit in [(r, lim) for r in range(1, args.rounds + 1) for lim in (0, 10**9)]:
+        config.write_text(f"[access]\njobs_per_minute = {limit}\n")
+        print(f"round {round_no}  jobs_per_minute {'off' if not limit else 'on (never reached)'}")
+        results: dict[str, Result] = {}
+        with process(gateway_cmd, jobs_env, root / f"jobs-{round_no}-{limit}.log") as proc:
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            for name, credential in credentials.items():
+                fresh_durable(durable_url)
+                run_wrk(url, script, Path(credential), 0, body, args.warmup, args.connections,
+                        args.load_core, name, jobs=True)
+                before = cpu_seconds(proc.pid)
+                result = run_wrk(url, script, Path(credential), 0, body, args.duration,
+                                 args.connections, args.load_core, f"jobs-{name}", jobs=True)
+                answered = sum(result.statuses.values()) or 1
+                result.cpu_us = (cpu_seconds(proc.pid) - before) / answered * 1e6
+                results[name] = result
+                print(f"round {round_no}  " + result.line())
+        floor = results["admin"].cpu_us
+        for name in ("apikey", "jwt"):
+            extra = results[name].cpu_us - floor
+            print(f"round {round_no}  {name}: credential check {extra:.0f} us of "
+                  f"{results[name].cpu_us:.0f} us CPU per request = "
+                  f"{extra / results[name].cpu_us:.0%} (over the admin token's; target <= 10 %)")
 
 
 def main() -> int:
@@ -243,6 +330,8 @@ def main() -> int:
     parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
     parser.add_argument("--naive", action="store_true",
                         help="also run a handler doing one un-batched redis-py SET per request")
+    parser.add_argument("--jobs", action="store_true",
+                        help="also measure authenticated POST /v1/jobs (admin, API key, JWT)")
     parser.add_argument("--aof", action="store_true",
                         help="also measure GATEWAY_DURABLE_ACK=aof against the default")
     parser.add_argument("--uvloop", action="store_true",
@@ -359,11 +448,14 @@ def main() -> int:
                       "(inverse CPU per request)")
         enqueued += fresh_durable(durable.url)
         print(f"items enqueued in redis-durable over all gateway runs: {enqueued}")
+        if args.jobs:
+            jobs_runs(root, env, gateway_cmd, port, durable.url, pg.url, args)
         print(f"median ratio over {len(ratios)} round(s): {statistics.median(ratios):.2f} "
               f"req/s, {statistics.median(cpu_ratios):.2f} CPU per request (target >= 0.40)")
     finally:
         embedded.stop_all(servers)
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

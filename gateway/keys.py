@@ -47,7 +47,7 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
-    Row("bl:", "revoked access-token ids (jti) and per-account not-before marks",
+    Row("bl:", "revoked access-token ids (jti), per-account not-before marks, revoked API keys",
         "durable", "the token's remaining lifetime", "access"),
     Row("grace:", "refresh-rotation grace: a just-spent refresh token -> its new pair",
         "durable", "10 s", "access"),
@@ -114,6 +114,11 @@ def brute(*parts: object) -> str:
 
 def revoked_jti(jti: str) -> str:
     return _join("bl:", "jti", jti)
+
+
+def revoked_key(key_id: str) -> str:
+    """An API key revoked (PostgreSQL has it too; this is what every request checks)."""
+    return _join("bl:", "key", key_id)
 
 
 def revoked_before(sub: str) -> str:

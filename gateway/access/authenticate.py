@@ -54,6 +54,7 @@ class Authenticator:
         self.admin = _digest(settings.admin_token.get()) if settings.admin_token else None
         self.tokens = TokenVerifier(settings)
         self.revocations = Revocations(runtime.durable)
+        self.api_keys = apikeys.ApiKeys(runtime.pg, self.revocations.auto)
         self.barrier = barrier
 
     async def __call__(self, request: web.Request, scope: str,
@@ -75,7 +76,7 @@ class Authenticator:
         if self.admin is not None and hmac.compare_digest(_digest(credential), self.admin):
             return ADMIN, ""
         if apikeys.looks_like_key(credential):
-            found = await apikeys.verify(self.runtime.pg, credential)
+            found = await self.api_keys.verify(credential)
             return found, "unknown or revoked API key"
         if not self.tokens.enabled:
             return None, "unknown credential"

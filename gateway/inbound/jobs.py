@@ -8,8 +8,8 @@ Job ids belong to the credential that submits them: an API key's or an account's
 ``<owner>/<job_id>`` (``k.<key id>``, ``u.<hash of sub>``), so another credential can neither
 take a job id first nor read the job; the admin token's are the bare job ids and it reads
 every job. ``critical`` priority needs the ``jobs:critical`` scope. Submissions are limited
-per credential (``[access] jobs_per_minute``, 600; the admin token is not), so one client
-cannot crowd out the others: 429 + ``Retry-After`` past it.
+per credential (``[access] jobs_per_minute``, 600, 0 for none; the admin token is not), so
+one client cannot crowd out the others: 429 + ``Retry-After`` past it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.pipeline.status import job_status
 from gateway.ratelimit import Limiter
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
 
 # Webhook items are "webhook:<source>:<id>"; a job_id may not impersonate one.
@@ -96,7 +97,7 @@ async def submit_job(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if priority == "critical" and not principal.allows("jobs:critical"):
         raise ApiError(403, "forbidden", "priority critical needs the scope jobs:critical")
-    if not principal.is_admin:
+    if not principal.is_admin and request.app[JOB_RATE].per_minute:  # 0: no limit
         await request.app[JOB_RATE].admit(principal.owner)
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
@@ -128,8 +129,8 @@ async def get_job(request: web.Request) -> web.Response:
 class JobRate:
     """The per-credential submission limit (a sliding window in ``rl:``)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.limiter = Limiter(runtime.durable)
+    def __init__(self, runtime: Runtime, auto: AutoPipeline) -> None:
+        self.limiter = Limiter(runtime.durable, auto)
         self.per_minute = int(runtime.settings.section("access").get("jobs_per_minute", 600))
 
     async def admit(self, owner: str) -> None:
@@ -145,7 +146,7 @@ JOB_RATE: web.AppKey[JobRate] = web.AppKey("job_rate", JobRate)
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    install(app, runtime)
-    app[JOB_RATE] = JobRate(runtime)
+    inbound = install(app, runtime)
+    app[JOB_RATE] = JobRate(runtime, inbound.auto)
     routes.post(app, "/v1/jobs", submit_job, scope="jobs:write")
     routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import keys
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 
 _HERE = Path(__file__).parent / "lua"
@@ -57,8 +58,11 @@ class Decision:
 class Limiter:
     """Rate and concurrency limits by name; all state in ``rl:`` keys on redis-durable."""
 
-    def __init__(self, redis: AnyRedis) -> None:
+    def __init__(self, redis: AnyRedis, auto: AutoPipeline | None = None) -> None:
+        """``auto``: window checks of concurrent callers share round trips (and the client
+        CPU of one command each, instead of a script call each): for per-request limits."""
         self.redis = redis
+        self.auto = auto
         self._window: Any = redis.register_script(_WINDOW)
         self._slots: Any = redis.register_script(_SLOTS)
 
@@ -77,10 +81,14 @@ class Limiter:
         window_us = round(period * _MICRO)
         smooth_us = round(burst * period / limit * _MICRO)
         log_key = window_key(name)
-        admitted, wait_us, now_us = await self._window(
-            keys=[log_key, log_key + ":total"],
-            args=[limit, window_us, burst, smooth_us, int(cost), secrets.token_hex(8),
-                  "" if now is None else str(round(now * _MICRO))])
+        window_keys = [log_key, log_key + ":total"]
+        window_args = [limit, window_us, burst, smooth_us, int(cost), secrets.token_hex(8),
+                       "" if now is None else str(round(now * _MICRO))]
+        if self.auto is not None:
+            admitted, wait_us, now_us = await self.auto.run_script(self._window, window_keys,
+                                                                   window_args)
+        else:
+            admitted, wait_us, now_us = await self._window(keys=window_keys, args=window_args)
         if int(admitted) < 0:
             raise LimitError(f"cost {cost} can never fit {name}: limit {limit}, burst {burst}")
         return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO)
