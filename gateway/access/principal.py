@@ -32,6 +32,11 @@ class Principal:
         return self.kind == "admin"
 
     @property
+    def account(self) -> str | None:
+        """The account (a token's ``sub``) that chats can be linked to."""
+        return self.id if self.kind == "token" else None
+
+    @property
     def owner(self) -> str:
         """The namespace of what this principal submits (job ids): the admin's is the
         global one; a key's and an account's are their own."""

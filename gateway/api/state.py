@@ -34,6 +34,8 @@ class Principal(Protocol):
     def is_admin(self) -> bool: ...
     @property
     def expires_at(self) -> float | None: ...
+    @property
+    def account(self) -> str | None: ...
 
     def allows(self, scope: str) -> bool: ...
     def may_read(self, topic: str) -> bool: ...
@@ -45,6 +47,10 @@ AUTHENTICATE: web.AppKey[Authenticate] = web.AppKey("authenticate")
 # Is an authenticated principal still valid (not revoked since)? For long-lived requests.
 StillValid = Callable[[Principal], Awaitable[bool]]
 STILL_VALID: web.AppKey[StillValid] = web.AppKey("still_valid")
+# The topics among these that a principal may read through something other than its own
+# patterns (a chat linked to its account).
+TopicGrant = Callable[[Principal, list[str]], Awaitable[set[str]]]
+TOPIC_GRANT: web.AppKey[TopicGrant] = web.AppKey("topic_grant")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")  # who the request is
 PUBLIC = "public"  # the scope of routes that need no credential (signed or harmless ones)
 

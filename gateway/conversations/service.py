@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.conversations import store
+from gateway.conversations import links, store
 from gateway.conversations.handlers import Context, Handler, load_handler
 from gateway.conversations.locks import KeyedLocks
 from gateway.conversations.model import Incoming, chat_key, command_of, pointer_key
@@ -94,6 +94,11 @@ class ConversationService:
     async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
                              send: Send) -> Outcome:
         command = command_of(incoming.text)
+        if command == "link":  # answered, never stored: the code must not reach the feed
+            answer_text = await links.link(conn, self.runtime.durable, incoming)
+            delivered = await deliver(conn, self.limiter, limit_names(incoming, self.limits),
+                                      incoming, answer_text, send, self.policy)
+            return Outcome(0, 0, answer_text, delivered)
         received = await self._receive(conn, incoming, command)
         if received.duplicate and received.reply_seq is not None:
             return await self._redelivered(conn, incoming, send, received)

@@ -76,6 +76,8 @@ def _command(body: dict[str, Any]) -> Entry | None:
     words = str(body.get("text") or "").strip()
     command = words.split(maxsplit=1)[0].lower() if words else "help"
     text = f"/{command}" if command in ("new", "status", "help") else words
+    if command == "link":  # /gw link <code>
+        text = "/" + words
     incoming = Incoming(platform="slack", chat=str(body["channel_id"]), thread=None,
                         user_id=str(body["user_id"]), user_name=body.get("user_name"),
                         text=text, message_id=str(body.get("trigger_id") or ""),

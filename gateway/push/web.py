@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import STILL_VALID, add_readiness_check, principal_of
+from gateway.api.state import STILL_VALID, TOPIC_GRANT, add_readiness_check, principal_of
 from gateway.push import feed, sse
 from gateway.push.hub import Hub, Subscriber
 from gateway.push.protocol import FeedError
@@ -36,11 +36,15 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
                        f"{name} must be an integer (got {raw[:40]!r})") from None
 
 
-def require_topics(request: web.Request, topics: tuple[str, ...] | list[str]) -> None:
-    """403 naming every topic the credential may not read: a request naming any is refused
-    whole (nothing of the others is sent either)."""
+async def require_topics(request: web.Request, topics: tuple[str, ...] | list[str]) -> None:
+    """403 naming every topic the credential may not read (by its patterns, or by a chat
+    linked to its account): a request naming any is refused whole."""
     principal = principal_of(request)
     forbidden = [topic for topic in topics if not principal.may_read(topic)]
+    grant = request.app.get(TOPIC_GRANT)
+    if forbidden and grant is not None:
+        granted = await grant(principal, forbidden)
+        forbidden = [topic for topic in forbidden if topic not in granted]
     if forbidden:
         raise ApiError(403, "forbidden", "the credential may not read topic(s): "
                        + ", ".join(t[:100] for t in forbidden[:10]))
@@ -82,7 +86,7 @@ def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web
         topic = request.query.get("topic")
         if not topic:
             raise ApiError(400, "bad_request", "topic is required, e.g. ?topic=pipeline")
-        require_topics(request, [topic])
+        await require_topics(request, [topic])
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", DEFAULT_LIMIT)
         try:
@@ -119,8 +123,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         hub.close_all("shutdown: the server is stopping; reconnect with Last-Event-ID")
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        require_topics(request, sse.parse_topics(request.query.get("topics"),
-                                                 config.max_topics_per_stream))
+        await require_topics(request, sse.parse_topics(request.query.get("topics"),
+                                                       config.max_topics_per_stream))
         return await sse.stream(request, hub, runtime.pg, config, watch_credential(request))
 
     async def signals() -> tuple[bool, str]:

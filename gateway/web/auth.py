@@ -8,6 +8,9 @@
   refresh token's family; answered 200 either way (RFC 7009), so it reveals nothing.
 - ``POST /v1/admin/revoke`` (``admin``): ``{"jti"}`` or ``{"sub"}`` (every token of the
   account issued until now, and its refresh families).
+- ``POST /v1/auth/link-code``, ``GET /v1/auth/links``, ``DELETE /v1/auth/links/{id}``: an
+  access token's account links chats (``gateway.conversations.links``) and then reads their
+  ``conversation:<id>`` topics.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from gateway.access.principal import parse_scopes
@@ -24,7 +28,8 @@ from gateway.access.revocation import Revocations
 from gateway.access.tokens import DEFAULT_TTL, InvalidToken, TokenVerifier
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import PUBLIC, principal_of
+from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
+from gateway.conversations import links
 from gateway.inbound.http_intake import install as install_inbound
 from gateway.inbound.http_intake import read_body
 from gateway.stores.runtime import Runtime
@@ -138,8 +143,52 @@ class AuthRoutes:
         return web.json_response({"revoked": {"sub": sub}})
 
 
+def _account(request: web.Request) -> str:
+    account = principal_of(request).account
+    if account is None:
+        raise ApiError(403, "forbidden", "chat links belong to an account: use an access "
+                       "token with a sub")
+    return account
+
+
+async def _grant(pool: asyncpg.Pool, principal: Principal, topics: list[str]) -> set[str]:
+    """``conversation:<id>`` topics of chats linked to the principal's account."""
+    if principal.account is None:
+        return set()
+    ids = {int(t.split(":", 1)[1]): t for t in topics
+           if t.startswith("conversation:") and t.split(":", 1)[1].isdigit()
+           and len(t) < 40}
+    if not ids:
+        return set()
+    found = await links.linked_conversations(pool, principal.account, list(ids))
+    return {ids[i] for i in found}
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     auth = AuthRoutes(app, runtime)
+
+    async def grant(principal: Principal, topics: list[str]) -> set[str]:
+        return await _grant(runtime.pg, principal, topics)
+
+    async def link_code(request: web.Request) -> web.Response:
+        return web.json_response(await links.new_code(runtime.pg, _account(request)))
+
+    async def list_links(request: web.Request) -> web.Response:
+        found = await links.links_of(runtime.pg, _account(request))
+        return web.json_response({"links": [link.to_json() for link in found]})
+
+    async def delete_link(request: web.Request) -> web.Response:
+        raw = request.match_info["id"]
+        if not raw.isdigit() or len(raw) > 18:
+            raise ApiError(404, "not_found", "no such link")
+        if not await links.unlink(runtime.pg, _account(request), int(raw)):
+            raise ApiError(404, "not_found", "no such link of this account")
+        return web.json_response({"deleted": int(raw)})
+
+    app[TOPIC_GRANT] = grant
+    routes.post(app, "/v1/auth/link-code", link_code, scope="feed:read")
+    routes.get(app, "/v1/auth/links", list_links, scope="feed:read")
+    routes.add(app, "DELETE", "/v1/auth/links/{id}", delete_link, scope="feed:read")
     routes.post(app, "/v1/auth/token", auth.token, scope="tokens:issue")
     routes.post(app, "/v1/auth/refresh", auth.refresh, scope=PUBLIC)  # the token is the credential
     routes.post(app, "/v1/auth/revoke", auth.revoke, scope=PUBLIC)  # so is the revoked one

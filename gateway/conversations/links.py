@@ -1,0 +1,113 @@
+"""Linking a chat to an account: the account asks for a code (``POST /v1/auth/link-code``),
+the user sends ``/link <code>`` in the chat (``/gw link <code>`` on Slack), and from then on
+that account may read the chat's ``conversation:<id>`` topics, present and future.
+
+Wrong codes count per chat in ``brute:`` (5 in 10 minutes, then 15 minutes of polite
+refusals), so a chat cannot walk the 10^8 codes. The ``/link`` message itself is answered
+but never stored: its code must not reach the conversation or its feed."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway import keys
+from gateway.conversations.model import Incoming, chat_key
+from gateway.stores.redis import AnyRedis
+
+CODE_SECONDS = 600
+MAX_WRONG = 5
+WRONG_WINDOW = 600
+BLOCK_SECONDS = 900
+
+LINKED = "This chat is now linked to your account: its conversations show up there."
+WRONG = "That code is not valid (or it has expired). Ask for a new one and send /link <code>."
+BLOCKED = "Too many wrong codes from this chat; please try again in 15 minutes."
+USAGE = "Send /link followed by the 8-digit code your account gave you."
+
+
+def _hash(code: str) -> bytes:
+    return hashlib.sha256(code.encode()).digest()
+
+
+async def new_code(pool: asyncpg.Pool, sub: str) -> dict[str, Any]:
+    code = f"{secrets.randbelow(10**8):08d}"
+    await pool.execute("INSERT INTO link_codes (code_hash, sub, expires_at) VALUES"
+                       f" ($1, $2, now() + interval '{CODE_SECONDS} seconds')"
+                       " ON CONFLICT (code_hash) DO UPDATE SET sub = EXCLUDED.sub,"
+                       " expires_at = EXCLUDED.expires_at, used_at = NULL", _hash(code), sub)
+    return {"code": code, "expires_in": CODE_SECONDS}
+
+
+def _barrier_keys(incoming: Incoming) -> tuple[str, str]:
+    chat = f"{{link:{incoming.platform}:{chat_key(incoming)}}}"
+    return keys.brute(chat, "fail"), keys.brute(chat, "block")
+
+
+async def link(conn: asyncpg.Connection, durable: AnyRedis, incoming: Incoming) -> str:
+    """Answer a ``/link <code>`` message: the reply text. Runs on the connection the message
+    already holds (a second one from the pool could wait forever when it is full)."""
+    words = incoming.text.split()
+    fail_key, block_key = _barrier_keys(incoming)
+    if await durable.exists(block_key):
+        return BLOCKED
+    if len(words) != 2 or not (words[1].isdigit() and len(words[1]) == 8):
+        return USAGE
+    async with conn.transaction():
+        sub = await conn.fetchval(
+            "UPDATE link_codes SET used_at = now() WHERE code_hash = $1 AND used_at IS NULL"
+            " AND expires_at > now() RETURNING sub", _hash(words[1]))
+        if sub is not None:
+            await conn.execute(
+                "INSERT INTO chat_links (sub, platform, chat_key) VALUES ($1, $2, $3)"
+                " ON CONFLICT DO NOTHING", sub, incoming.platform, chat_key(incoming))
+    if sub is not None:
+        return LINKED
+    async with durable.pipeline(transaction=True) as pipe:
+        pipe.incr(fail_key)
+        pipe.expire(fail_key, WRONG_WINDOW, nx=True)
+        wrong, _ = await pipe.execute()
+    if int(wrong) >= MAX_WRONG:
+        await durable.set(block_key, "1", ex=BLOCK_SECONDS)
+        await durable.delete(fail_key)
+        return BLOCKED
+    return WRONG
+
+
+@dataclass(frozen=True)
+class Link:
+    id: int
+    platform: str
+    chat_key: str
+    created_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "platform": self.platform, "chat": self.chat_key,
+                "created_at": self.created_at}
+
+
+async def links_of(pool: asyncpg.Pool, sub: str) -> list[Link]:
+    rows = await pool.fetch("SELECT id, platform, chat_key, created_at FROM chat_links"
+                            " WHERE sub = $1 ORDER BY id", sub)
+    return [Link(r["id"], r["platform"], r["chat_key"], r["created_at"].isoformat())
+            for r in rows]
+
+
+async def unlink(pool: asyncpg.Pool, sub: str, link_id: int) -> bool:
+    status = await pool.execute("DELETE FROM chat_links WHERE id = $1 AND sub = $2",
+                                link_id, sub)
+    return status == "DELETE 1"
+
+
+async def linked_conversations(pool: asyncpg.Pool, sub: str,
+                               conversation_ids: list[int]) -> set[int]:
+    """Which of these conversations belong to chats linked to ``sub``."""
+    rows = await pool.fetch(
+        "SELECT c.id FROM conversations c JOIN chat_links l"
+        " ON l.platform = c.platform AND l.chat_key = c.chat_key"
+        " WHERE l.sub = $1 AND c.id = ANY($2::bigint[])", sub, conversation_ids)
+    return {r["id"] for r in rows}

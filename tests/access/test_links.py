@@ -1,0 +1,104 @@
+"""Chat links: an account asks for a code, the chat sends ``/link <code>``, and the account
+then reads that chat's conversations (nobody else does); wrong codes are limited per chat;
+links are listed and removed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from gateway.access.tokens import mint
+from gateway.config import Secret, Settings
+from gateway.conversations import links
+from gateway.conversations.model import Incoming
+from gateway.conversations.service import service_for
+from gateway.stores.runtime import Runtime, open_runtime
+from gateway.web.app import create_app
+from tests.conversations.fast import with_sections
+from tests.helpers import registry_violations
+
+SECRET = "links-test-secret-0123456789-0123456789"
+
+
+def bearer(sub: str, topics: tuple[str, ...] = ()) -> dict[str, str]:
+    token = mint(SECRET, sub, frozenset({"feed:read"}), topics)
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def rt(runtime: Runtime, settings: Settings) -> AsyncIterator[Runtime]:
+    opened = await open_runtime(dataclasses.replace(with_sections(settings),
+                                                    jwt_secret=Secret(SECRET)))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def client(rt: Runtime, make_client: Callable[..., Any]) -> TestClient[Any, Any]:
+    return await make_client(create_app(rt), rt=rt)  # type: ignore[no-any-return]
+
+
+async def say(rt: Runtime, chat: str, text: str, message_id: str) -> list[str]:
+    sent: list[str] = []
+
+    async def send(reply: str) -> None:
+        sent.append(reply)
+
+    await service_for(rt).handle_leased(Incoming(
+        platform="telegram", chat=chat, thread=None, user_id="u1", user_name="user",
+        text=text, message_id=message_id), send)
+    return sent
+
+
+async def feed_status(client: TestClient[Any, Any], conversation: int,
+                      headers: dict[str, str]) -> int:
+    async with client.get(f"/v1/feed?topic=conversation:{conversation}",
+                          headers=headers) as response:
+        return response.status
+
+
+async def test_a_linked_chat_is_readable_by_its_account_only(
+        rt: Runtime, client: TestClient[Any, Any]) -> None:
+    await say(rt, "555", "hello before the link", "1")
+    conversation = await rt.pg.fetchval("SELECT id FROM conversations WHERE chat = '555'")
+    assert await feed_status(client, conversation, bearer("alice")) == 403
+    async with client.post("/v1/auth/link-code", headers=bearer("alice")) as issued:
+        assert issued.status == 200
+        code = (await issued.json())["code"]
+    assert await say(rt, "555", f"/link {code}", "2") == [links.LINKED]
+    assert await feed_status(client, conversation, bearer("alice")) == 200
+    assert await feed_status(client, conversation, bearer("bob")) == 403
+    texts = [r["text"] for r in await rt.pg.fetch("SELECT text FROM conversation_messages")]
+    assert not any(code in text for text in texts)  # the code never reached the record
+    assert await say(rt, "555", f"/link {code}", "3") == [links.WRONG]  # one use
+    async with client.get("/v1/auth/links", headers=bearer("alice")) as listed:
+        [link] = (await listed.json())["links"]
+        assert (link["platform"], link["chat"]) == ("telegram", "555")
+    async with client.delete(f"/v1/auth/links/{link['id']}", headers=bearer("bob")) as theirs:
+        assert theirs.status == 404  # not bob's to remove
+    async with client.delete(f"/v1/auth/links/{link['id']}", headers=bearer("alice")) as gone:
+        assert gone.status == 200
+    assert await feed_status(client, conversation, bearer("alice")) == 403
+
+
+async def test_wrong_codes_are_limited_per_chat(rt: Runtime,
+                                                client: TestClient[Any, Any]) -> None:
+    async with client.post("/v1/auth/link-code", headers=bearer("alice")) as issued:
+        code = (await issued.json())["code"]
+    wrong = "00000000" if code != "00000000" else "11111111"
+    replies = [(await say(rt, "666", f"/link {wrong}", str(n)))[0] for n in range(5)]
+    assert replies == [links.WRONG] * 4 + [links.BLOCKED]
+    assert await say(rt, "666", f"/link {code}", "9") == [links.BLOCKED]  # even the right one
+    assert await say(rt, "777", f"/link {code}", "1") == [links.LINKED]  # other chats are not
+    assert await registry_violations(rt.durable, "durable") == []
+
+
+async def test_links_need_an_account(client: TestClient[Any, Any]) -> None:
+    async with client.post("/v1/auth/link-code") as admin:  # the admin token has no sub
+        assert admin.status == 403
