@@ -202,6 +202,12 @@ async def test_jwks_keys_and_their_rotation(apps: Callable[..., Any]) -> None:
         # An unknown kid fetches the key set again (at once here: no cooldown configured).
         async with client.get("/v1/feed?topic=pipeline", headers=bearer(signed("k2"))) as new:
             assert new.status == 200
+        unknown = jwt.encode({"sub": "bob", "exp": int(time.time()) + 300,
+                              "iss": "https://idp.test", "scope": "feed:read",
+                              "topics": ["pipeline"]}, keys["k1"], algorithm="RS256",
+                             headers={"kid": "not-in-the-set"})
+        async with client.get("/v1/feed?topic=pipeline", headers=bearer(unknown)) as kid:
+            assert kid.status == 401  # an unknown kid, even after the set is fetched again
         hs = mint(SECRET, "bob", frozenset({"feed:read"}), ("pipeline",))
         async with client.get("/v1/feed?topic=pipeline", headers=bearer(hs)) as hs256:
             assert hs256.status == 401  # no GATEWAY_JWT_SECRET: HS256 is not accepted
