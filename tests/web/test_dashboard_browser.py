@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import shutil
@@ -16,10 +17,13 @@ from typing import Any
 import pytest
 
 from gateway.app.worker import run_workers
+from gateway.config import Secret, Settings
 from gateway.push import feed
-from gateway.stores.runtime import Runtime
+from gateway.stores.runtime import Runtime, open_runtime
+from gateway.web.app import create_app
 from tests.conftest import TEST_ADMIN_TOKEN
 
+JWT_SECRET = "browser-test-secret-0123456789-0123456789"
 CHROMIUM = (os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium")
             or "/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -35,8 +39,11 @@ pytestmark = [
 
 
 async def test_a_job_posted_during_the_test_appears_on_the_page(
-        make_client: Callable[..., Any], runtime: Runtime, tmp_path: Path) -> None:
-    client = await make_client()
+        make_client: Callable[..., Any], runtime: Runtime, settings: Settings,
+        tmp_path: Path) -> None:
+    # A JWT secret too: the page's JS client is also tried with expiring access tokens.
+    rt = await open_runtime(dataclasses.replace(settings, jwt_secret=Secret(JWT_SECRET)))
+    client = await make_client(create_app(rt), rt=rt)
     url = str(client.make_url("/"))
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(runtime, stop, concurrency=2))
@@ -78,6 +85,7 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
                     "!document.getElementById('push').textContent.includes('feed offset 0')",
                     timeout=10000)
                 await _js_client_gets_every_row_once(page, runtime)
+                await _js_client_refreshes_its_credential(page, runtime)
                 assert errors == []
             finally:
                 await context.close()
@@ -85,6 +93,7 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(workers, 30)
+        await rt.close()
 
 
 async def _js_client_gets_every_row_once(page: Any, runtime: Runtime) -> None:
@@ -106,3 +115,35 @@ async def _js_client_gets_every_row_once(page: Any, runtime: Runtime) -> None:
             await feed.publish(runtime.cache, row)
     await page.wait_for_function("window.jsRows.length >= 30", timeout=15000)
     assert await page.evaluate("window.jsRows") == list(range(1, 31))
+
+
+async def _js_client_refreshes_its_credential(page: Any, runtime: Runtime) -> None:
+    """Access tokens of 2 s from /v1/auth/token, rows for ~4 s: the server ends the stream at
+    each expiry, the JS client asks its credential function again and resumes from its
+    cursor: every row once, in order."""
+    await page.evaluate("""(admin) => {
+        window.refreshRows = [];
+        window.credentialCalls = 0;
+        window.reconnects = 0;
+        new GatewayPush(["conversation:refresh"], {
+            since: {"conversation:refresh": 0}, pollMs: 300,
+            credential: async () => {
+                window.credentialCalls += 1;
+                const resp = await fetch("/v1/auth/token", {method: "POST",
+                    headers: {Authorization: `Bearer ${admin}`, "Content-Type": "application/json"},
+                    body: JSON.stringify({sub: "js", scope: "feed:read",
+                                          topics: ["conversation:refresh"], ttl: 2})});
+                return (await resp.json()).access_token;
+            },
+            onRow: (row) => window.refreshRows.push(row.offset),
+            onState: (state) => { if (state === "reconnecting") window.reconnects += 1; },
+        }).start();
+    }""", TEST_ADMIN_TOKEN)
+    for i in range(20):
+        await feed.append_and_publish(runtime.pg, runtime.cache, "conversation:refresh",
+                                      "message", {"i": i})
+        await asyncio.sleep(0.2)  # a producer's pace (4 s in all), not a synchronisation
+    await page.wait_for_function("window.refreshRows.length >= 20", timeout=15000)
+    assert await page.evaluate("window.refreshRows") == list(range(1, 21))
+    assert await page.evaluate("window.credentialCalls") >= 2
+    assert await page.evaluate("window.reconnects") >= 1  # the stream was ended at an expiry
