@@ -7,7 +7,13 @@ one address share a hash tag so the counting script also runs on Redis Cluster. 
 window is enough here: the barrier bounds guessing, it does not meter a rate.
 
 The client address is the TCP peer, unless the peer is a configured trusted proxy; then it is
-the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy. Configuration
+the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy (never the
+left-most, which the client writes). An IPv6 address counts by its /64, since one host holds
+a whole /64. A request through trusted proxies that names no client (no entry beyond the
+proxies, or garbage) is neither checked nor counted: a proxy is never blocked, so nobody can
+lock out every sender behind it. What counts as a failure: a bad signature or secret on the
+signed routes (a request whose shape is wrong is a 400 and counts nothing), and every refused
+credential (401) elsewhere. Configuration
 (TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window`` (60 s),
 ``brute_cooldown`` (300 s), ``trusted_proxies`` (addresses or networks, default none),
 ``brute_cache_seconds`` (1 s, see ``BruteBarrier``).
@@ -83,19 +89,38 @@ def _trusted(address: str, proxies: Iterable[Network]) -> bool:
     return any(ip in net for net in proxies)
 
 
+NOBODY = ""  # no countable address: neither checked nor counted (a proxy is never blocked)
+
+
+def group(address: str) -> str:
+    """What the barrier counts: an IPv4 address, or the /64 of an IPv6 one (one host holds a
+    whole /64 and can rotate through it)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str:
-    """The address the barrier counts for this request (see the module docstring)."""
+    """The address the barrier counts for this request (see the module docstring):
+    ``NOBODY`` when the request came through trusted proxies that name no client, so that
+    garbage sent through a proxy never blocks everyone behind it."""
     peer = request.remote or "unknown"
     if not trusted_proxies or not _trusted(peer, trusted_proxies):
-        return peer
+        return group(peer)
     hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
     for hop in reversed([h for h in hops if h]):
         if not _trusted(hop, trusted_proxies):
             try:
-                return str(ipaddress.ip_address(hop))
+                return group(str(ipaddress.ip_address(hop)))
             except ValueError:
-                return peer  # a forged, unparsable entry: count the proxy itself
-    return peer
+                return NOBODY  # a forged, unparsable entry: no client to count
+    return NOBODY
 
 
 class BruteBarrier:
@@ -121,6 +146,8 @@ class BruteBarrier:
 
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""
+        if ip == NOBODY:
+            return
         now = time.monotonic()
         until = self._blocked_until.get(ip, 0.0)
         if until > now:
@@ -135,6 +162,8 @@ class BruteBarrier:
 
     async def record_failure(self, ip: str) -> int:
         """Count one failure; the cool-down in seconds when this one blocked the address."""
+        if ip == NOBODY:
+            return 0
         blocked = int(await self._fail(keys=[fail_key(ip), block_key(ip)],
                                        args=[self.config.max_failures, self.config.window,
                                              self.config.cooldown]))
@@ -151,5 +180,6 @@ class BruteBarrier:
     @staticmethod
     def refusal(seconds: int) -> ApiError:
         return ApiError(429, "rate_limited",
-                        "too many failed signature checks from this address; retry later",
+                        "too many failed signatures or credentials from this address; "
+                        "retry later",
                         {"Retry-After": str(seconds)})

@@ -21,12 +21,15 @@ def request(peer: str, forwarded: str | None = None) -> object:
 
 @pytest.mark.parametrize(("peer", "forwarded", "expected"), [
     ("203.0.113.1", "198.51.100.7", "203.0.113.1"),  # untrusted peer: header ignored
-    ("127.0.0.1", None, "127.0.0.1"),  # trusted proxy, no header: the proxy itself
+    ("127.0.0.1", None, ""),  # trusted proxy, no header: nobody to count, never the proxy
     ("127.0.0.1", "198.51.100.7", "198.51.100.7"),
     ("127.0.0.1", "6.6.6.6, 198.51.100.7, 10.1.2.3", "198.51.100.7"),  # right-most untrusted
-    ("127.0.0.1", "10.0.0.5, 10.1.2.3", "127.0.0.1"),  # only proxies: count the peer
-    ("127.0.0.1", "not-an-ip", "127.0.0.1"),  # forged garbage: count the proxy
-    ("127.0.0.1", "2001:db8::1", "2001:db8::1"),
+    ("127.0.0.1", "10.0.0.5, 10.1.2.3", ""),  # only proxies: nobody to count, never the proxy
+    ("127.0.0.1", "not-an-ip", ""),  # forged garbage: nobody to count, never the proxy
+    ("127.0.0.1", "2001:db8::1", "2001:db8::/64"),  # IPv6 counted by its /64
+    ("127.0.0.1", "2001:db8::1:2:3:4", "2001:db8::/64"),  # the same /64: the same client
+    ("2001:db8:0:1::9", None, "2001:db8:0:1::/64"),
+    ("127.0.0.1", "::ffff:198.51.100.7", "198.51.100.7"),
 ])
 def test_client_ip(peer: str, forwarded: str | None, expected: str) -> None:
     req = request(peer, forwarded)
@@ -44,3 +47,17 @@ def test_settings_from_section() -> None:
     assert (config.max_failures, config.window, config.cooldown) == (3, 30, 90)
     assert config.trusted_proxies == (ipaddress.ip_network("10.0.0.1/32"),)
     assert BruteSettings.from_section({}) == BruteSettings()
+
+
+async def test_a_request_naming_no_client_never_blocks_the_proxy(runtime) -> None:  # type: ignore[no-untyped-def]
+    """Garbage through a trusted proxy counts nothing: the proxy, and everyone behind it,
+    stays unblocked; a named client is counted and blocked as usual."""
+    from gateway.security.brute import NOBODY, BruteBarrier
+    from gateway.stores.coalesce import AutoPipeline
+    barrier = BruteBarrier(AutoPipeline(runtime.durable), BruteSettings(max_failures=2))
+    for _ in range(5):
+        assert await barrier.record_failure(NOBODY) == 0
+    await barrier.check(NOBODY)  # not refused
+    assert [key async for key in runtime.durable.scan_iter("brute:*")] == []
+    assert await barrier.record_failure("2001:db8::/64") == 0
+    assert await barrier.record_failure("2001:db8::/64") > 0  # the second failure blocks
