@@ -1,7 +1,12 @@
-"""Logging for every command: one format, secrets masked, noisy libraries quietened.
+"""Logging for every command: one format, secrets masked, repeats bounded, noisy libraries
+quietened.
 
 httpx logs request URLs at INFO, and Telegram URLs carry the bot token (``/bot<token>/``), so
-httpx is held at WARNING and every record passes a filter that masks configured secrets.
+httpx is held at WARNING, and the formatter masks configured secrets in the whole output, the
+traceback included (an exception's text can carry a URL or a credential). A client that
+triggers the same error again and again cannot flood the log: each distinct message (logger,
+level, template, exception type) is written at most ``REPEATS`` times a ``WINDOW``, then one
+line says how many were left out.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 
 _TELEGRAM_TOKEN = re.compile(r"bot\d+:[A-Za-z0-9_-]{20,}")
@@ -32,11 +38,61 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+class RedactingFormatter(logging.Formatter):
+    """The whole formatted record masked, traceback and stack included."""
+
+    def __init__(self, fmt: str, secrets: Iterable[str] = ()) -> None:
+        super().__init__(fmt)
+        self.redact = RedactSecrets(secrets)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redact._clean(super().format(record))
+
+
+REPEATS = 5
+WINDOW = 60.0
+MAX_KEYS = 1000
+
+
+class RepeatLimiter(logging.Filter):
+    """At most ``REPEATS`` records per distinct message per ``WINDOW`` seconds; the first
+    record after a window that dropped some says how many."""
+
+    def __init__(self, repeats: int = REPEATS, window: float = WINDOW) -> None:
+        super().__init__()
+        self.repeats = repeats
+        self.window = window
+        self._seen: dict[tuple[str, int, str, str], tuple[float, int, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
+        key = (record.name, record.levelno, str(record.msg)[:200], exc)
+        now = time.monotonic()
+        start, written, dropped = self._seen.get(key, (now, 0, 0))
+        if now - start >= self.window:
+            if dropped:  # no % in the note: the message stays a valid template
+                record.msg = (f"{record.msg} [and {dropped} more like it in the last"
+                              f" {self.window:.0f} s, not written]")
+            start, written, dropped = now, 0, 0
+        if written >= self.repeats:
+            self._remember(key, (start, written, dropped + 1))
+            return False
+        self._remember(key, (start, written + 1, dropped))
+        return True
+
+    def _remember(self, key: tuple[str, int, str, str], value: tuple[float, int, int]) -> None:
+        if len(self._seen) >= MAX_KEYS and key not in self._seen:
+            self._seen.clear()  # bounded: a flood of distinct messages restarts the count
+        self._seen[key] = value
+
+
 def configure(secrets: Iterable[str] = (), level: str | None = None) -> None:
     level = level or os.environ.get("GATEWAY_LOG_LEVEL", "INFO")
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                            secrets))
     handler.addFilter(RedactSecrets(secrets))
+    handler.addFilter(RepeatLimiter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
