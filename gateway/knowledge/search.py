@@ -55,17 +55,20 @@ async def _generation(cache: AnyRedis) -> str:
     return str(value) if value else secrets.token_hex(8)
 
 
-async def rank(pg: Any, query: str, limit: int) -> list[dict[str, Any]]:
-    """Chunks by cosine similarity to the query (vectors are unit length: dot product)."""
+async def rank(pg: Any, query: str, limit: int,
+               timeout: float | None = None) -> list[dict[str, Any]]:
+    """Chunks by cosine similarity to the query (vectors are unit length: dot product);
+    ``timeout`` cancels the statement on the server (asyncpg) past that many seconds."""
     vector = embedding.embed(query)
     if not any(vector):
         return []
-    rows = await pg.fetch(_RANK, vector, limit)
+    rows = await pg.fetch(_RANK, vector, limit, timeout=timeout)
     return [{"item_id": r["item_id"], "text": r["body"], "score": round(r["score"], 6)}
             for r in rows if r["score"] and r["score"] > 0]
 
 
-async def search(runtime: Any, q: str, limit: int = 10) -> list[dict[str, Any]]:
+async def search(runtime: Any, q: str, limit: int = 10,
+                 timeout: float | None = None) -> list[dict[str, Any]]:
     """Ranked results for ``q``; answers are cached for 900 s per generation. A cache that
     is down or full only costs the cached answer, never the search."""
     cache = runtime.cache
@@ -78,7 +81,7 @@ async def search(runtime: Any, q: str, limit: int = 10) -> list[dict[str, Any]]:
         metrics.SEARCH_CACHE.labels("hit").inc()
         return json.loads(cached)
     metrics.SEARCH_CACHE.labels("miss").inc()
-    results = await rank(runtime.pg, q, limit)
+    results = await rank(runtime.pg, q, limit, timeout)
     if key is not None:
         try:
             await cache.set(key, json.dumps(results), ex=ANSWER_TTL)

@@ -71,3 +71,45 @@ async def test_search_rejects_bad_parameters(runtime, make_client):
 
 def _metric(result: str) -> float:
     return REGISTRY.get_sample_value("gateway_search_cache_total", {"result": result}) or 0.0
+
+
+async def test_searches_are_bounded_in_number_and_time(runtime, make_client, monkeypatch):
+    """More searches at once than the budget: 503 + Retry-After at once, not a queue on the
+    database pool; a statement past its time is cancelled: 503 too."""
+    import asyncio
+    import dataclasses
+
+    from gateway.stores.runtime import open_runtime
+
+    await _index(runtime, "doc-1", "Redis sorted sets hold the pipeline's priority queues.")
+    started, release = asyncio.Event(), asyncio.Event()
+    real_rank = search.rank
+
+    async def slow_rank(*args, **kwargs):
+        started.set()
+        await release.wait()
+        return await real_rank(*args, **kwargs)
+
+    rt = await open_runtime(dataclasses.replace(
+        runtime.settings, sections={"search": {"max_concurrent": 1}}))
+    try:
+        client = await make_client(_app(rt), rt=rt)
+        monkeypatch.setattr(search, "rank", slow_rank)
+        first = asyncio.create_task(client.get("/v1/search", params={"q": "priority queues"}))
+        await asyncio.wait_for(started.wait(), 5)
+        busy = await client.get("/v1/search", params={"q": "other words"})
+        assert busy.status == 503 and int(busy.headers["Retry-After"]) > 0
+        assert (await busy.json())["error"] == "busy"
+        release.set()
+        assert (await first).status == 200
+    finally:
+        await rt.close()
+    monkeypatch.setattr(search, "rank", real_rank)
+    rt = await open_runtime(dataclasses.replace(
+        runtime.settings, sections={"search": {"timeout_seconds": 0.000001}}))
+    try:
+        client = await make_client(_app(rt), rt=rt)
+        slow = await client.get("/v1/search", params={"q": "sorted sets"})
+        assert slow.status == 503 and (await slow.json())["error"] == "timeout"
+    finally:
+        await rt.close()
