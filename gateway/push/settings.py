@@ -21,6 +21,10 @@ class PushSettings:
     write_timeout_seconds: float = 10.0
     subscribe_timeout_seconds: float = 2.0
     max_topics_per_stream: int = 50
+    # Open streams: per client address, and per process (0: half the file-descriptor limit,
+    # so idle streams can never take the descriptors the inbound routes need).
+    max_streams_per_client: int = 100
+    max_streams: int = 0
     page_rows: int = 500
     # Retention: rows older than this, or beyond the newest max_rows of a topic, are trimmed.
     retention_days: float = 30.0

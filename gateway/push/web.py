@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -81,6 +82,39 @@ def watch_credential(request: web.Request) -> Watch | None:
     return watch
 
 
+class StreamCaps:
+    """Bounded streams: per client address (429) and per process (503), both with
+    ``Retry-After``, so idle streams cannot exhaust the process's file descriptors."""
+
+    def __init__(self, config: PushSettings) -> None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.total = config.max_streams or max(16, soft // 2)
+        self.per_client = config.max_streams_per_client
+        self.open: dict[str, int] = {}
+        self.count = 0
+
+    @contextlib.contextmanager
+    def admit(self, request: web.Request) -> Iterator[None]:
+        client = request.remote or "unknown"
+        if self.count >= self.total:
+            raise ApiError(503, "busy", f"this server holds {self.total} streams already",
+                           {"Retry-After": "5"})
+        if self.open.get(client, 0) >= self.per_client:
+            raise ApiError(429, "rate_limited", f"at most {self.per_client} streams per client",
+                           {"Retry-After": "5"})
+        self.count += 1
+        self.open[client] = self.open.get(client, 0) + 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+            left = self.open[client] - 1
+            if left:
+                self.open[client] = left
+            else:
+                del self.open[client]
+
+
 def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def get_feed(request: web.Request) -> web.Response:
         topic = request.query.get("topic")
@@ -122,10 +156,14 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     async def on_shutdown(app: web.Application) -> None:
         hub.close_all("shutdown: the server is stopping; reconnect with Last-Event-ID")
 
+    caps = StreamCaps(config)
+
     async def stream(request: web.Request) -> web.StreamResponse:
         await require_topics(request, sse.parse_topics(request.query.get("topics"),
                                                        config.max_topics_per_stream))
-        return await sse.stream(request, hub, runtime.pg, config, watch_credential(request))
+        with caps.admit(request):
+            return await sse.stream(request, hub, runtime.pg, config,
+                                    watch_credential(request))
 
     async def signals() -> tuple[bool, str]:
         if hub.signals_up:

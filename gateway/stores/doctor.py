@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -184,6 +185,18 @@ async def _redis_checks(url: str | None, variable: str, role: str,
             await client.aclose()
 
 
+FDS_WANTED = 4096
+
+
+def fd_check() -> Check:
+    """Each stream and connection holds a descriptor: a low limit caps the server early."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < FDS_WANTED:
+        return Check("warn", "process", f"open-file limit {soft}: raise it to {FDS_WANTED} "
+                     "or more (LimitNOFILE=, ulimit -n); streams are capped at half of it")
+    return Check("ok", "process", f"open-file limit {soft}")
+
+
 async def run_checks(settings: Settings) -> list[Check]:
     (durable, durable_id), (cache, cache_id) = await asyncio.gather(
         _redis_checks(settings.durable_url, "GATEWAY_DURABLE_URL", "durable",
@@ -200,6 +213,7 @@ async def run_checks(settings: Settings) -> list[Check]:
         checks += await check_postgres(settings.database_url)
     else:
         checks.append(Check("fail", "postgres", "GATEWAY_DATABASE_URL is not set"))
+    checks.append(fd_check())
     return checks
 
 

@@ -318,3 +318,33 @@ async def test_a_topic_whose_first_head_read_failed_is_read_by_the_poll(
     rows = await asyncio.wait_for(sub.take(), 10)
     assert [row.payload["item_id"] for row in rows] == ["late"]
     hub.unsubscribe(sub)
+
+
+async def test_streams_are_capped_per_client_and_per_process(push_server: Any) -> None:
+    """Idle streams cannot take every file descriptor: past the per-client cap 429, past the
+    process cap 503, both with Retry-After; other routes still answer."""
+    client = await push_server(max_streams_per_client=2, max_streams=3)
+    opened = [await client.get("/v1/stream", params={"topics": "pipeline"}) for _ in range(2)]
+    assert [r.status for r in opened] == [200, 200]
+    third = await client.get("/v1/stream", params={"topics": "pipeline"})
+    assert third.status == 429 and int(third.headers["Retry-After"]) > 0
+    health = await client.get("/healthz")
+    assert health.status == 200
+    opened[0].close()  # a stream that ends frees its place
+
+    async def admitted() -> bool:
+        resp = await client.get("/v1/stream", params={"topics": "pipeline"})
+        if resp.status == 200:
+            opened.append(resp)
+            return True
+        resp.close()
+        return False
+
+    await wait_until(admitted, timeout=5, message="a place freed")
+    crowded = await push_server(max_streams_per_client=10, max_streams=1)
+    first = await crowded.get("/v1/stream", params={"topics": "pipeline"})
+    assert first.status == 200
+    full = await crowded.get("/v1/stream", params={"topics": "pipeline"})
+    assert full.status == 503 and int(full.headers["Retry-After"]) > 0
+    for resp in [*opened, first]:
+        resp.close()

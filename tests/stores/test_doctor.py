@@ -64,3 +64,14 @@ async def test_auth_check(settings: Settings, redis_factory: Callable[..., Redis
     checks = await doctor.run_checks(replace(settings, cache_url=url))
     expected = "ok" if not overrides else "warn"
     assert any(s == expected and ("password" in m) for s, m in statuses(checks, "redis-cache"))
+
+
+def test_a_low_open_file_limit_is_a_warning(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import resource
+
+    from gateway.stores import doctor
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
+    check = doctor.fd_check()
+    assert check.status == "warn" and "1024" in check.message
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (65536, 65536))
+    assert doctor.fd_check().status == "ok"
