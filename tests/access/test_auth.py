@@ -188,3 +188,21 @@ async def test_push_client_refreshes_and_resumes_across_expiry(
         following.cancel()
     assert offsets == list(range(1, 26))
     assert len(issued) >= 2 and push.connects >= 2  # it did go through an expiry
+
+
+async def test_the_auth_routes_refuse_missing_and_insufficient_credentials(
+        client: TestClient[Any, Any]) -> None:
+    anonymous = {"Authorization": ""}
+    for method, path in (("POST", "/v1/auth/token"), ("POST", "/v1/admin/revoke"),
+                         ("POST", "/v1/auth/link-code"), ("GET", "/v1/auth/links"),
+                         ("DELETE", "/v1/auth/links/1")):
+        async with client.request(method, path, json={}, headers=anonymous) as response:
+            assert response.status == 401, path
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    _, pair = await issue(client)  # feed:read only
+    async with client.post("/v1/admin/revoke", json={"sub": "bob"},
+                           headers=bearer(pair["access_token"])) as not_admin:
+        assert not_admin.status == 403 and "admin" in (await not_admin.json())["detail"]
+    async with client.post("/v1/auth/refresh", json={"refresh_token": "grt_forged"},
+                           headers=anonymous) as forged:
+        assert forged.status == 401
