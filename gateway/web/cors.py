@@ -14,7 +14,8 @@ from gateway.api.state import PUBLIC
 from gateway.stores.runtime import Runtime
 
 PATHS = ("/v1/feed", "/v1/stream", "/v1/jobs", "/v1/jobs/{id}", "/v1/search",
-         "/v1/auth/token", "/v1/auth/refresh", "/v1/auth/revoke")
+         "/v1/auth/token", "/v1/auth/refresh", "/v1/auth/revoke", "/v1/auth/link-code",
+         "/v1/auth/links", "/v1/auth/links/{id}")
 PREFIXES = ("/v1/feed", "/v1/stream", "/v1/jobs", "/v1/search", "/v1/auth/")
 ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 EXPOSE_HEADERS = "Retry-After, X-Stream-Cursor, X-Stream-Epochs"
@@ -42,7 +43,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     async def preflight(request: web.Request) -> web.Response:
         response = web.Response(status=204)
         if origin_of(request) is not None:
-            response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
             response.headers["Access-Control-Allow-Headers"] = ALLOW_HEADERS
             response.headers["Access-Control-Max-Age"] = MAX_AGE
         return response
