@@ -12,8 +12,10 @@ from json.encoder import encode_basestring_ascii as _quote  # C, no encoder set-
 from aiohttp import web
 
 from gateway.api.errors import ApiError
+from gateway.api.state import add_readiness_check
 from gateway.config import Settings
 from gateway.dedup.intake import Intake, Intaker
+from gateway.inbound.admission import Admission
 from gateway.leases.maintenance import MaintenanceView, view_for
 from gateway.security.brute import BruteBarrier, BruteSettings
 from gateway.stores.coalesce import AutoPipeline
@@ -31,6 +33,7 @@ class Inbound:
     intaker: Intaker
     barrier: BruteBarrier
     maintenance: MaintenanceView
+    admission: Admission
 
 
 INBOUND: web.AppKey[Inbound] = web.AppKey("inbound", Inbound)
@@ -44,8 +47,10 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
     inbound = Inbound(runtime.settings, auto, Intaker(auto, runtime.settings.dedup_ttl),
                       BruteBarrier(auto, BruteSettings.from_section(
                           runtime.settings.section("security"))),
-                      view_for(runtime.durable))
+                      view_for(runtime.durable),
+                      Admission(runtime.durable, runtime.settings.section("admission")))
     app[INBOUND] = inbound
+    add_readiness_check(app, "admission", inbound.admission.readiness, required=False)
 
     async def drain(app: web.Application) -> AsyncIterator[None]:
         yield

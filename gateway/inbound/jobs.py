@@ -89,6 +89,7 @@ def parse_job(payload: Any) -> tuple[str | None, str, str, dict[str, Any]]:
 async def submit_job(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
     await refuse_during_maintenance(inbound.maintenance)
+    await inbound.admission.admit("jobs")
     require_json(request)
     try:
         job_id, priority, doc_type, document = parse_job(parse_json(await read_body(request)))

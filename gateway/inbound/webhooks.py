@@ -80,6 +80,7 @@ async def receive(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
     await refuse_during_maintenance(inbound.maintenance)
     verified = await _verify(request, inbound)
+    await inbound.admission.admit("webhooks")
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(
         keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload)

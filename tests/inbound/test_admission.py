@@ -1,0 +1,75 @@
+"""Admission by class on a small redis-durable (64 MB): jobs are refused first, signed
+webhooks next, chat platform events never by class; the bystanders keep getting 2xx."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gateway.conversations.model import Incoming
+from gateway.inbox.entry import Entry
+from gateway.inbox.queue import Inbox, Pushed
+from gateway.stores.runtime import open_runtime
+from gateway.web.app import create_app
+from tests.helpers import wait_until
+from tests.inbound.webhook_helpers import body_of, standard
+
+pytestmark = pytest.mark.single_instance
+COMPONENTS = ("gateway.web.health", "gateway.inbound.webhooks", "gateway.inbound.jobs")
+
+
+async def fill_to(redis: Any, ratio: float) -> None:
+    """Filler values until ``used_memory / maxmemory`` reaches ``ratio``."""
+    n = 0
+    while True:
+        info = await redis.info("memory")
+        if int(info["used_memory"]) / int(info["maxmemory"]) >= ratio:
+            return
+        async with redis.pipeline(transaction=False) as pipe:
+            for _ in range(64):
+                pipe.set(f"filler:{n}", "f" * 16_384)
+                n += 1
+            await pipe.execute()
+
+
+async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
+        settings: Any, redis_factory: Callable[..., Any],
+        make_client: Callable[..., Any]) -> None:
+    server = redis_factory("durable", maxmemory="64mb")
+    rt = await open_runtime(dataclasses.replace(settings, durable_url=server.url))
+    try:
+        client = await make_client(create_app(rt, COMPONENTS), rt=rt)
+        counter = iter(range(10_000))
+
+        async def job() -> int:
+            async with client.post("/v1/jobs", json={"document": {"text": "x"}}) as response:
+                return response.status
+
+        async def webhook() -> int:
+            body = body_of({"text": "signed"})
+            async with client.post("/v1/webhooks/demo", data=body,
+                                   headers=standard(body, f"adm-{next(counter)}")) as response:
+                return response.status
+
+        assert (await job(), await webhook()) == (202, 202)
+        await fill_to(rt.durable, 0.75)
+        await wait_until(lambda: _is(job, 503), timeout=5, message="jobs refused past 70 %")
+        assert await webhook() == 202  # the signed webhooks still get through
+        async with client.get("/readyz") as ready:
+            body = await ready.json()
+            assert "closed for jobs" in body["checks"]["admission"]["detail"]
+        await fill_to(rt.durable, 0.9)
+        await wait_until(lambda: _is(webhook, 503), timeout=5, message="webhooks past 85 %")
+        inbox = Inbox(rt.durable, "telegram")
+        chat = Entry(Incoming(platform="telegram", chat="1", thread=None, user_id="u",
+                              user_name="u", text="still here", message_id="1"))
+        assert await inbox.push("1", chat, None, 60) is Pushed.ACCEPTED  # chats go on
+    finally:
+        await rt.close()
+
+
+async def _is(call: Callable[[], Any], status: int) -> bool:
+    return await call() == status
