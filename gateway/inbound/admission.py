@@ -67,6 +67,14 @@ class Admission:
                            f"{threshold:.0%} until the queues drain",
                            {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
+    async def state(self) -> dict[str, Any]:
+        """For the dashboard: how full, and which classes are refused now."""
+        ratio = await self.current()
+        closed = [] if ratio is None else [cls for cls, threshold in self.thresholds.items()
+                                           if ratio >= threshold]
+        return {"ratio": None if ratio is None else round(ratio, 3), "closed": closed,
+                "thresholds": self.thresholds}
+
     async def readiness(self) -> tuple[bool, str]:
         """Not required: a replica with closed admission still serves what it admits."""
         ratio = await self.current()

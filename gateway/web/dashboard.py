@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.state import PUBLIC, RUNTIME
+from gateway.inbound.http_intake import INBOUND
 from gateway.inbound.mattermost import health as mattermost_health
 from gateway.leases.maintenance import view_for
 from gateway.pipeline.status import queue_depths
@@ -71,6 +72,7 @@ async def summary(request: web.Request) -> web.Response:
     listener = await _part("listener", errors, _listener(runtime))
     heads = await _part("feed", errors, feed.heads(runtime.pg, [PIPELINE_TOPIC]))
     maintenance = await _part("maintenance", errors, view_for(runtime.durable).current())
+    admission = await _part("admission", errors, request.app[INBOUND].admission.state())
     stages = (queues or {}).get("stages")
     hub = request.app[HUB]
     return web.json_response({
@@ -83,6 +85,7 @@ async def summary(request: web.Request) -> web.Response:
                   "last_offset": heads[PIPELINE_TOPIC].last_offset} if heads else None),
         "push": {"signals_up": hub.signals_up, "streams": hub.subscriber_count},
         "maintenance": maintenance.to_json() if maintenance else None,
+        "admission": admission,
         "errors": errors,
     })
 

@@ -18,7 +18,8 @@ from tests.helpers import wait_until
 from tests.inbound.webhook_helpers import body_of, standard
 
 pytestmark = pytest.mark.single_instance
-COMPONENTS = ("gateway.web.health", "gateway.inbound.webhooks", "gateway.inbound.jobs")
+COMPONENTS = ("gateway.web.health", "gateway.inbound.webhooks", "gateway.inbound.jobs",
+              "gateway.push.web", "gateway.web.dashboard")
 
 
 async def fill_to(redis: Any, ratio: float) -> None:
@@ -61,6 +62,8 @@ async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
         async with client.get("/readyz") as ready:
             body = await ready.json()
             assert "closed for jobs" in body["checks"]["admission"]["detail"]
+        async with client.get("/v1/dashboard/summary") as summary:  # the page's banner
+            assert (await summary.json())["admission"]["closed"] == ["jobs"]
         await fill_to(rt.durable, 0.9)
         await wait_until(lambda: _is(webhook, 503), timeout=5, message="webhooks past 85 %")
         inbox = Inbox(rt.durable, "telegram")

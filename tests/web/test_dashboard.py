@@ -58,6 +58,9 @@ async def test_summary_shows_queues_throughput_listener_and_feed(
     listener = (await (await client.get("/v1/dashboard/summary")).json())["listener"]
     assert listener["running"] and listener["connected"] and listener["reconnects"] == 2
     assert body["maintenance"] == {"on": False, "reason": None, "expires_in": None}
+    # No maxmemory limit on the test instance's ratio would be None; with one, a fraction.
+    assert set(body["admission"]) == {"ratio", "closed", "thresholds"}
+    assert body["admission"]["closed"] == []
 
 
 async def test_summary_says_when_maintenance_is_on(
