@@ -81,13 +81,7 @@ class Intaker:
 
     async def _claim_and_add(self, keys: list[str], args: list[str]) -> Any:
         """One atomic script: whatever fails (even the round trip) leaves no claim to undo."""
-        script = self._claim_add
-        (added,) = await self.auto.batch([("EVALSHA", script.sha, len(keys), *keys, *args)])
-        if isinstance(added, NoScriptError):  # script cache flushed (restart, failover)
-            added = await script(keys=keys, args=args)
-        if isinstance(added, Exception):
-            raise added
-        return added
+        return await self.auto.run_script(self._claim_add, keys, args)
 
     async def _claim_then_add(self, claim_key: str | None, add_keys: list[str],
                               add_args: list[str]) -> Any:
