@@ -16,13 +16,13 @@ import re
 import secrets
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from gateway import keys
+from gateway.access.bounded import Bounded
 from gateway.access.principal import Principal, parse_scopes, parse_topics
 from gateway.config import Settings
 from gateway.stores.coalesce import AutoPipeline
@@ -72,7 +72,7 @@ class ApiKeys:
     def __init__(self, pool: asyncpg.Pool, auto: AutoPipeline) -> None:
         self.pool = pool
         self.auto = auto
-        self._rows: OrderedDict[str, _Row] = OrderedDict()
+        self._rows: Bounded[str, _Row] = Bounded(ROWS)
 
     async def verify(self, key: str) -> Principal | None:
         """The key's principal, or None (malformed, unknown, wrong secret or revoked)."""
@@ -100,9 +100,7 @@ class ApiKeys:
                    Principal("apikey", key_id, frozenset(found["scopes"]),
                              tuple(found["topics"])),
                    found["revoked_at"] is not None, time.monotonic())
-        self._rows[key_id] = row
-        while len(self._rows) > ROWS:
-            self._rows.popitem(last=False)
+        self._rows.put(key_id, row)
         return row
 
 

@@ -7,9 +7,9 @@ for concurrent requests share one round trip through the coalescer."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 from gateway import keys
+from gateway.access.bounded import Bounded
 from gateway.access.principal import Principal
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
@@ -22,7 +22,7 @@ class Revocations:
     def __init__(self, durable: AnyRedis) -> None:
         self.durable = durable
         self.auto = AutoPipeline(durable)
-        self._seen: OrderedDict[tuple[str | None, str], tuple[float, bool]] = OrderedDict()
+        self._seen: Bounded[tuple[str | None, str], tuple[float, bool]] = Bounded(CACHE_ENTRIES)
 
     async def revoked(self, principal: Principal, issued_at: float | None) -> bool:
         """Is this token revoked (its jti, or its account since after it was issued)?"""
@@ -41,10 +41,7 @@ class Revocations:
                 raise reply
         revoked = int(jti_mark) == 1 or (
             not_before is not None and (issued_at or 0) < float(not_before))
-        self._seen[key] = (now, revoked)
-        self._seen.move_to_end(key)
-        while len(self._seen) > CACHE_ENTRIES:
-            self._seen.popitem(last=False)
+        self._seen.put(key, (now, revoked))
         return revoked
 
     async def revoke_jti(self, jti: str, expires_at: float | None, longest: int) -> None:

@@ -10,11 +10,11 @@ import asyncio
 import secrets
 import sys
 import time
-from collections import OrderedDict
 from typing import Any
 
 import jwt
 
+from gateway.access.bounded import Bounded
 from gateway.access.principal import Principal, parse_scopes, parse_topics
 from gateway.config import Settings
 
@@ -41,7 +41,7 @@ class TokenVerifier:
         self.jwks = (jwt.PyJWKClient(settings.jwt_jwks_url, cache_keys=True, lifespan=300,
                                      timeout=10, cooldown_duration=cooldown)
                      if settings.jwt_jwks_url else None)
-        self._verified: OrderedDict[str, Principal] = OrderedDict()
+        self._verified: Bounded[str, Principal] = Bounded(VERIFIED_ENTRIES)
 
     @property
     def enabled(self) -> bool:
@@ -54,9 +54,7 @@ class TokenVerifier:
         if cached is not None and cached.expires_at is not None and cached.expires_at > time.time():
             return cached
         principal = await self._verify(token)
-        self._verified[token] = principal
-        while len(self._verified) > VERIFIED_ENTRIES:
-            self._verified.popitem(last=False)
+        self._verified.put(token, principal)
         return principal
 
     async def _verify(self, token: str) -> Principal:
