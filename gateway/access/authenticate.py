@@ -48,6 +48,9 @@ def bearer(request: web.Request, query_token: bool) -> str | None:
 
 
 class Authenticator:
+    """One per application; the auth routes use its verifier and revocations too, so a
+    process has one key set, one token cache and one revocation cache."""
+
     def __init__(self, runtime: Runtime, barrier: Barrier | None = None) -> None:
         settings = runtime.settings
         self.runtime = runtime
@@ -107,7 +110,11 @@ class Authenticator:
 def install(app: web.Application, runtime: Runtime, barrier: Barrier | None = None) -> None:
     """Let every scoped route of ``app`` check credentials."""
     authenticator = Authenticator(runtime, barrier)
+    app[AUTHENTICATOR] = authenticator
     check: Authenticate = authenticator
     still_valid: StillValid = authenticator.still_valid
     app[AUTHENTICATE] = check
     app[STILL_VALID] = still_valid
+
+
+AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator", Authenticator)

@@ -21,11 +21,11 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.access.authenticate import AUTHENTICATOR
 from gateway.access.principal import parse_scopes
 from gateway.access.refresh import PREFIX as REFRESH_PREFIX
 from gateway.access.refresh import Grant, Issuer, Refused, narrower
-from gateway.access.revocation import Revocations
-from gateway.access.tokens import DEFAULT_TTL, InvalidToken, TokenVerifier
+from gateway.access.tokens import DEFAULT_TTL, InvalidToken
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
@@ -63,8 +63,9 @@ class AuthRoutes:
     def __init__(self, app: web.Application, runtime: Runtime) -> None:
         settings = runtime.settings
         self.runtime = runtime
-        self.verifier = TokenVerifier(settings)
-        self.revocations = Revocations(runtime.durable)
+        authenticator = app[AUTHENTICATOR]  # create_app installs it before the components
+        self.verifier = authenticator.tokens
+        self.revocations = authenticator.revocations
         self.barrier = install_inbound(app, runtime).barrier
         self.issuer = (Issuer(runtime.pg, runtime.durable, settings.jwt_secret.get(),
                               issuer=settings.jwt_issuer, audience=settings.jwt_audience)
