@@ -158,9 +158,6 @@ class Inbox:
         lost = await self._scripts.renew(keys=[self.leases, self.owners], args=args)
         return {_text(chat) for chat in lost}
 
-    async def holds(self, chat: str, token: str) -> bool:
-        return _text(await self.redis.hget(self.owners, chat) or "") == token
-
     async def before_send(self, chat: str, token: str, digest: str) -> tuple[bool, bool]:
         """(we still hold the chat, the reply to the head with ``digest`` already left), in
         one round trip."""
