@@ -11,14 +11,13 @@ last value, and without ``maxmemory`` nothing is refused here.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.stores.redis import AnyRedis
+from gateway.stores.refreshed import Refreshed
 
 REFRESH_SECONDS = 0.5
 DEFAULTS = {"jobs": 0.70, "webhooks": 0.85}
@@ -32,9 +31,11 @@ class Admission:
         for cls, value in self.thresholds.items():
             if not 0 < value <= 1:
                 raise ValueError(f"[admission] {cls} must be a fraction in (0, 1]")
-        self.ratio: float | None = None
-        self._read_at = float("-inf")
-        self._reading: asyncio.Task[float | None] | None = None
+        self._ratio: Refreshed[float | None] = Refreshed(self._read, None, REFRESH_SECONDS)
+
+    @property
+    def ratio(self) -> float | None:
+        return self._ratio.value
 
     async def _read(self) -> float | None:
         kwargs = ({"target_nodes": RedisCluster.PRIMARIES}
@@ -47,16 +48,7 @@ class Admission:
 
     async def current(self) -> float | None:
         """The durable instance's ``used_memory / maxmemory`` (None: unbounded)."""
-        if time.monotonic() - self._read_at < REFRESH_SECONDS:
-            return self.ratio
-        if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(self._read())
-        try:
-            self.ratio = await asyncio.shield(self._reading)
-        except Exception:  # the last value stands; the write itself will tell
-            pass
-        self._read_at = time.monotonic()
-        return self.ratio
+        return await self._ratio.get()
 
     async def admit(self, cls: str) -> None:
         ratio = await self.current()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from gateway import keys
 from gateway.leases import lease as leases
 from gateway.stores.redis import AnyRedis
+from gateway.stores.refreshed import Refreshed
 
 NAME = "maintenance"
 HOLDER = "maintenance"  # one holder for every operator: `on` again extends, `off` ends it
@@ -83,24 +83,19 @@ class MaintenanceView:
 
     def __init__(self, redis: AnyRedis) -> None:
         self.redis = redis
-        self.state = State(False)
-        self._read_at = float("-inf")
-        self._reading: asyncio.Task[State] | None = None
-        self.reads = 0  # Redis reads made, for tests and operators
+        self._state = Refreshed(lambda: read(redis), State(False), REFRESH_SECONDS)
+
+    @property
+    def state(self) -> State:
+        return self._state.value
+
+    @property
+    def reads(self) -> int:
+        """Redis reads made, for tests and operators."""
+        return self._state.reads
 
     async def current(self) -> State:
-        if time.monotonic() - self._read_at < REFRESH_SECONDS:
-            return self.state
-        if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(read(self.redis))
-            self.reads += 1
-        try:
-            self.state = await asyncio.shield(self._reading)
-        except Exception:  # the last known state stands
-            pass
-        self._read_at = time.monotonic()
-        return self.state
-
+        return await self._state.get()
 
     async def wait_until_off(self) -> None:
         """Return once maintenance is off (at once when it is): the state lives in Redis, so
