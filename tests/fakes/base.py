@@ -23,7 +23,7 @@ from tests.fakes.waiting import wait_until
 
 T = TypeVar("T")
 
-__all__ = ["Call", "FakeServer", "Fault", "decode_form_values", "json_response"]
+__all__ = ["Call", "Displayed", "FakeServer", "Fault", "decode_form_values", "json_response"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,28 @@ class Fault:
     retry_after: int | None = None
     description: str | None = None
     remaining: int = 1
+
+
+class Displayed:
+    """What each bot message showed over time: the text it was posted with, then the text
+    of every edit, in order. Keyed by (chat, message id) so tests can ask per chat."""
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[str, str], list[str]] = {}
+
+    def posted(self, chat: object, message_id: object, text: str) -> None:
+        self._texts[(str(chat), str(message_id))] = [text]
+
+    def edited(self, chat: object, message_id: object, text: str) -> None:
+        self._texts.setdefault((str(chat), str(message_id)), []).append(text)
+
+    def current(self, chat: object, message_id: object) -> str | None:
+        texts = self._texts.get((str(chat), str(message_id)))
+        return texts[-1] if texts else None
+
+    def in_chat(self, chat: object) -> list[list[str]]:
+        """Per bot message in ``chat`` (oldest first), the texts it showed, oldest first."""
+        return [list(texts) for (c, _), texts in self._texts.items() if c == str(chat)]
 
 
 def json_response(
@@ -122,6 +144,8 @@ class FakeServer:
         self._port: int | None = None
         self._runner: web.AppRunner | None = None
         self.calls: list[Call] = []
+        #: the texts every bot message showed (fakes of platforms that edit messages)
+        self.displayed = Displayed()
         self._faults: dict[str, deque[Fault]] = {}
         self._closing: asyncio.Event | None = None
 

@@ -15,6 +15,9 @@ application/json`` exactly, because the Mattermost drivers compare it literally)
 - ``POST /posts`` ``{"channel_id", "message", "root_id"?, "props"?}`` → 201 post;
   recorded in ``replies()`` and, like real Mattermost, echoed to sockets as a
   ``posted`` event (``echo_own_posts=False`` turns that off).
+- ``PUT /posts/{id}/patch`` ``{"message"}`` edits the bot's own post (``post_edited`` to
+  sockets); ``POST /users/{id}/typing`` ``{"channel_id", "parent_id"?}`` (the typing
+  indicator). ``shown(channel)`` gives what each bot post showed over time.
 - ``GET /channels/{id}/posts?since=<ms>`` → ``{"order": [ids newest first], "posts": {id: post}}``
   with posts updated after ``since`` (without it: ``page``/``per_page``, newest first).
 - Channel enumeration, pick either route: ``GET /users/me/teams`` then
@@ -49,6 +52,7 @@ BOT_USER_ID = "botuser0000000000000000000"
 HUMAN_USER_ID = "humanuser00000000000000000"
 TEAM_ID = "team0000000000000000000000"
 SERVER_VERSION = "9.11.0.9.11.0.fake.false"
+MAX_MESSAGE = 16383  # characters of one post (the server's default maximum)
 
 
 def new_id() -> str:
@@ -239,6 +243,28 @@ class FakeMattermost(FakeServer):
         """Just the ``message`` of ``replies``."""
         return [str(p["message"]) for p in self.replies(channel_id)]
 
+    def shown(self, channel_id: str) -> list[list[str]]:
+        """Per bot post in the channel, oldest first: the message it was created with, then
+        the message of each successful patch."""
+        return self.displayed.in_chat(channel_id)
+
+    def patches(self, channel_id: str | None = None) -> list[dict[str, Any]]:
+        """Params of every ``PUT /posts/{id}/patch`` (``_post_id`` is the post's id)."""
+        return [
+            c.params
+            for c in self.calls_to("patch_post")
+            if channel_id is None
+            or self.posts.get(str(c.params.get("_post_id")), {}).get("channel_id") == channel_id
+        ]
+
+    def typing_calls(self, channel_id: str | None = None) -> list[dict[str, Any]]:
+        """Params of every ``POST /users/{id}/typing`` (``channel_id``, ``parent_id``)."""
+        return [
+            c.params
+            for c in self.calls_to("typing")
+            if channel_id is None or c.params.get("channel_id") == channel_id
+        ]
+
     async def wait_for_sockets(self, count: int = 1, timeout: float = 5.0) -> None:
         """Wait until ``count`` authenticated sockets are open, so pushes reach a listener."""
         await self.wait_for(
@@ -275,7 +301,8 @@ class FakeMattermost(FakeServer):
         """Answer the next ``count`` requests to ``endpoint`` (``"*"``: any) with an error.
 
         Endpoint names: ``login``, ``get_user``, ``create_post``, ``channel_posts``,
-        ``get_channel``, ``teams``, ``team_channels``, ``user_channels``, ``websocket``
+        ``get_channel``, ``teams``, ``team_channels``, ``user_channels``, ``patch_post``,
+        ``typing``, ``websocket``
         (the upgrade is refused with that status).  The body is Mattermost's AppError
         shape; 429 adds ``Retry-After`` and ``X-Ratelimit-*`` headers.
         """
@@ -422,6 +449,8 @@ class FakeMattermost(FakeServer):
         r.add_get("/api/v4/users/{user_id}/channels", self._user_channels)
         r.add_get("/api/v4/users/{user_id}", self._get_user)
         r.add_post("/api/v4/posts", self._create_post)
+        r.add_put("/api/v4/posts/{post_id}/patch", self._patch_post)
+        r.add_post("/api/v4/users/{user_id}/typing", self._typing)
         r.add_get("/api/v4/channels/{channel_id}/posts", self._channel_posts)
         r.add_get("/api/v4/channels/{channel_id}", self._get_channel)
         return app
@@ -585,11 +614,53 @@ class FakeMattermost(FakeServer):
         if params.get("pending_post_id"):
             post["pending_post_id"] = params["pending_post_id"]
         params["_post"] = post
+        self.displayed.posted(channel_id, post["id"], post["message"])
         if self.echo_own_posts:
             await self.push_posted(post)
         if self.stall_created_posts and self._closing is not None:
             await self._closing.wait()
         return json_response(post, status=201)
+
+    async def _patch_post(self, request: web.Request) -> web.Response:
+        """Edit a post's message (only the author's own): ``update_at``/``edit_at`` move and
+        sockets get ``post_edited``, as Mattermost does."""
+        params, failed = await self._begin("patch_post", request)
+        if failed:
+            return failed
+        post = self.posts.get(request.match_info["post_id"])
+        if post is None or post["delete_at"]:
+            return self._app_error(404, "app.post.get.app_error", "Unable to get the post.")
+        if post["user_id"] != self.bot_user["id"]:
+            return self._app_error(
+                403, "api.context.permissions.app_error", "You do not have the permission."
+            )
+        if "message" in params:
+            message = str(params["message"])
+            if len(message) > MAX_MESSAGE:
+                return self._app_error(
+                    400, "model.post.is_valid.message_length.app_error", "Message too long."
+                )
+            now = self._tick_ms()
+            post.update(message=message, update_at=now, edit_at=now)
+            self.displayed.edited(post["channel_id"], post["id"], message)
+            await self.push_event("post_edited", {"post": json.dumps(post)},
+                                  {"channel_id": post["channel_id"]})
+        return json_response(post)
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        """``POST /users/{id}/typing``: only for oneself (``me`` or the bot's own id)."""
+        params, failed = await self._begin("typing", request)
+        if failed:
+            return failed
+        if self._resolve_user(request.match_info["user_id"]) != self.bot_user["id"]:
+            return self._app_error(
+                403, "api.context.permissions.app_error", "You do not have the permission."
+            )
+        if str(params.get("channel_id") or "") not in self.channels:
+            return self._app_error(
+                400, "api.context.invalid_body_param.app_error", "Invalid channel_id."
+            )
+        return json_response({"status": "OK"})
 
     async def _channel_posts(self, request: web.Request) -> web.Response:
         params, failed = await self._begin("channel_posts", request)

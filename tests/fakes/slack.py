@@ -48,6 +48,8 @@ APP_ID = "A0FAKE"
 USER_ID = "U0USER"
 CHANNEL_ID = "C0CHAN"
 
+MAX_TEXT = 40_000  # characters: longer texts are refused with msg_too_long
+
 _ts_counter = itertools.count(1)
 _event_counter = itertools.count(1)
 
@@ -304,6 +306,19 @@ class FakeSlack(FakeServer):
         """Just the ``text`` of ``posted_messages``."""
         return [str(p.get("text", "")) for p in self.posted_messages(channel)]
 
+    def shown(self, channel: str) -> list[list[str]]:
+        """Per bot message in the channel, oldest first: the text it was posted with, then
+        the text of each successful ``chat.update``."""
+        return self.displayed.in_chat(channel)
+
+    def updates(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """Params of every chat.update call (refused ones included)."""
+        return [
+            c.params
+            for c in self.calls_to("chat.update")
+            if channel is None or c.params.get("channel") == channel
+        ]
+
     def responses(self, response_id: str | None = None) -> list[dict[str, Any]]:
         """JSON bodies POSTed to response URLs (each has ``_response_id``)."""
         return [
@@ -491,6 +506,7 @@ class FakeSlack(FakeServer):
             if key in params:
                 message[key] = params[key]
         self._store(channel, message)
+        self.displayed.posted(channel, message["ts"], message["text"])
         return {"channel": channel, "ts": message["ts"], "message": message}
 
     async def _m_chat_postEphemeral(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -502,7 +518,16 @@ class FakeSlack(FakeServer):
         message = self._find(channel, str(params.get("ts", "")))
         if message is None:
             raise SlackApiFailure("message_not_found")
-        message["text"] = str(params.get("text", message.get("text", "")))
+        if message.get("user") != self.user_id:
+            raise SlackApiFailure("cant_update_message")
+        text = str(params.get("text", message.get("text", "")))
+        if len(text) > MAX_TEXT:
+            raise SlackApiFailure("msg_too_long")
+        message["text"] = text
+        message["edited"] = {"user": self.user_id, "ts": _new_ts()}
+        if "metadata" in params:
+            message["metadata"] = params["metadata"]
+        self.displayed.edited(channel, message["ts"], text)
         return {
             "channel": channel,
             "ts": message["ts"],

@@ -36,6 +36,11 @@ _DESCRIPTIONS = {
 
 _update_ids = itertools.count(100_000)
 
+MAX_TEXT = 4096  # characters of one message's text
+NOT_MODIFIED = ("Bad Request: message is not modified: specified new message content and "
+                "reply markup are exactly the same as a current content and reply markup of "
+                "the message")
+
 
 def text_update(
     text: str,
@@ -165,6 +170,27 @@ class FakeTelegram(FakeServer):
     def sent_texts(self, chat_id: int | str | None = None) -> list[str]:
         """Just the ``text`` of ``sent_messages``."""
         return [str(p.get("text", "")) for p in self.sent_messages(chat_id)]
+
+    def shown(self, chat_id: int | str) -> list[list[str]]:
+        """Per bot message in the chat, oldest first: the text it was sent with, then the
+        text of each successful ``editMessageText``."""
+        return self.displayed.in_chat(chat_id)
+
+    def edits(self, chat_id: int | str | None = None) -> list[dict[str, Any]]:
+        """Params of every editMessageText call (refused ones included)."""
+        return [
+            c.params
+            for c in self.calls_to("editMessageText")
+            if chat_id is None or str(c.params.get("chat_id")) == str(chat_id)
+        ]
+
+    def chat_actions(self, chat_id: int | str | None = None) -> list[Call]:
+        """The sendChatAction calls (``params["action"]`` is ``typing`` ...), oldest first."""
+        return [
+            c
+            for c in self.calls_to("sendChatAction")
+            if chat_id is None or str(c.params.get("chat_id")) == str(chat_id)
+        ]
 
     async def wait_for_messages(
         self, count: int = 1, chat_id: int | str | None = None, timeout: float = 5.0
@@ -316,18 +342,41 @@ class FakeTelegram(FakeServer):
     async def _m_getme(self, params: dict[str, Any]) -> dict[str, Any]:
         return dict(self.bot_user)
 
-    async def _m_sendmessage(self, params: dict[str, Any]) -> dict[str, Any]:
-        text = params.get("text")
+    @staticmethod
+    def _text(params: dict[str, Any]) -> str:
+        text = str(params.get("text") or "")
         if not text:
             raise TelegramApiError(400, "Bad Request: message text is empty")
-        return self._message(params, text=str(text))
+        if len(text) > MAX_TEXT:
+            raise TelegramApiError(400, "Bad Request: message is too long")
+        return text
+
+    async def _m_sendmessage(self, params: dict[str, Any]) -> dict[str, Any]:
+        text = self._text(params)
+        message = self._message(params, text=text)
+        self.displayed.posted(message["chat"]["id"], message["message_id"], text)
+        return message
 
     async def _m_editmessagetext(self, params: dict[str, Any]) -> dict[str, Any] | bool:
+        """As Telegram: the message must exist, and an edit to the text it shows already is
+        an error ("message is not modified")."""
         if "inline_message_id" in params:
             return True
-        return self._message(params, text=str(params.get("text", "")), edit_date=int(time.time()))
+        text = self._text(params)
+        chat, message_id = self._chat(params["chat_id"])["id"], int(params["message_id"])
+        current = self.displayed.current(chat, message_id)
+        if current is None:
+            raise TelegramApiError(400, "Bad Request: message to edit not found")
+        if current == text:
+            raise TelegramApiError(400, NOT_MODIFIED)
+        self.displayed.edited(chat, message_id, text)
+        return self._message(params, message_id=message_id, text=text,
+                             edit_date=int(time.time()))
 
     async def _m_sendchataction(self, params: dict[str, Any]) -> bool:
+        self._chat(params["chat_id"])
+        if not params.get("action"):
+            raise TelegramApiError(400, "Bad Request: wrong parameter action in request")
         return True
 
     async def _m_deletemessage(self, params: dict[str, Any]) -> bool:

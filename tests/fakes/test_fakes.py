@@ -24,8 +24,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
-from telegram import Update
-from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter
+from telegram import Message, Update
+from telegram.error import BadRequest, Conflict, InvalidToken, NetworkError, RetryAfter
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 from gateway.outbound.errors import retry_after_of
@@ -134,6 +134,32 @@ async def test_telegram_ptb_send_message_and_faults(tg: FakeTelegram) -> None:
         await app.bot.send_message(chat_id=-100123, text="recovered")
         assert tg.sent_texts(-100123) == ["recovered"]
         assert tg.method_names()[0] == "getMe"
+    finally:
+        await app.shutdown()
+
+
+@pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecationWarning")
+async def test_telegram_edits_typing_and_not_modified(tg: FakeTelegram) -> None:
+    app = ptb_app(tg)
+    await app.initialize()
+    try:
+        assert await app.bot.send_chat_action(chat_id=777, action="typing")
+        assert [c.params["action"] for c in tg.chat_actions(777)] == ["typing"]
+        first = await app.bot.send_message(chat_id=777, text="Hel")
+        edited = await app.bot.edit_message_text("Hello", chat_id=777,
+                                                 message_id=first.message_id)
+        assert isinstance(edited, Message) and edited.message_id == first.message_id
+        assert edited.text == "Hello"
+        with pytest.raises(BadRequest, match="not modified"):  # as Telegram answers
+            await app.bot.edit_message_text("Hello", chat_id=777, message_id=first.message_id)
+        with pytest.raises(BadRequest, match="not found"):
+            await app.bot.edit_message_text("x", chat_id=777, message_id=9999)
+        with pytest.raises(BadRequest, match="too long"):
+            await app.bot.edit_message_text("x" * 4097, chat_id=777,
+                                            message_id=first.message_id)
+        await app.bot.send_message(chat_id=778, text="elsewhere")
+        assert tg.shown(777) == [["Hel", "Hello"]] and tg.shown(778) == [["elsewhere"]]
+        assert len(tg.edits(777)) == 4  # refused ones are recorded too
     finally:
         await app.shutdown()
 
@@ -303,6 +329,26 @@ async def test_slack_web_client_post_and_rate_limit(slack: FakeSlack) -> None:
     with pytest.raises(SlackApiError) as info:
         await bad.auth_test()
     assert info.value.response["error"] == "invalid_auth"
+
+
+async def test_slack_chat_update(slack: FakeSlack) -> None:
+    client = AsyncWebClient(token=SLACK_TOKEN, base_url=slack.api_url)
+    first = await client.chat_postMessage(channel="C1", text="Hel")
+    updated = await client.chat_update(channel="C1", ts=first["ts"], text="Hello")
+    assert updated["ts"] == first["ts"] and updated["text"] == "Hello"
+    history = await client.conversations_history(channel="C1")
+    assert [m["text"] for m in history["messages"]] == ["Hello"]
+    for ts, text, error in ((first["ts"], "x" * 40_001, "msg_too_long"),
+                            ("1.000001", "x", "message_not_found")):
+        with pytest.raises(SlackApiError) as info:
+            await client.chat_update(channel="C1", ts=ts, text=text)
+        assert info.value.response["error"] == error
+    seeded = slack.add_message("C1", "a user's words")
+    with pytest.raises(SlackApiError) as info:
+        await client.chat_update(channel="C1", ts=seeded["ts"], text="not yours")
+    assert info.value.response["error"] == "cant_update_message"
+    assert slack.shown("C1") == [["Hel", "Hello"]]  # the bot's messages only
+    assert len(slack.updates("C1")) == 4
 
 
 async def test_slack_form_body_and_response_url(
@@ -504,6 +550,39 @@ async def test_mattermost_rest(mm: FakeMattermost, http: aiohttp.ClientSession) 
         assert resp.status == 429 and resp.headers["Retry-After"] == "4"
         assert (await resp.json())["status_code"] == 429
     assert len(mm.replies()) == 1
+
+
+async def test_mattermost_patch_and_typing(mm: FakeMattermost,
+                                           http: aiohttp.ClientSession) -> None:
+    api, auth = mm.api_url, {"Authorization": f"Bearer {MM_TOKEN}"}
+    ws = await _authenticated_ws(http, mm, token=MM_TOKEN)
+    async with http.post(f"{api}/users/me/typing", json={"channel_id": "general"},
+                         headers=auth) as resp:
+        assert resp.status == 200
+    async with http.post(f"{api}/users/{HUMAN_USER_ID}/typing",
+                         json={"channel_id": "general"}, headers=auth) as resp:
+        assert resp.status == 403
+    assert [p["channel_id"] for p in mm.typing_calls("general")] == ["general", "general"]
+    async with http.post(f"{api}/posts", json={"channel_id": "general", "message": "Hel"},
+                         headers=auth) as resp:
+        post = await resp.json()
+    await ws.receive_json(timeout=5)  # its posted echo
+    async with http.put(f"{api}/posts/{post['id']}/patch", json={"message": "Hello"},
+                        headers=auth) as resp:
+        assert resp.status == 200
+        patched = await resp.json()
+    assert patched["message"] == "Hello" and patched["edit_at"] > 0
+    event = await ws.receive_json(timeout=5)
+    assert event["event"] == "post_edited"
+    assert json.loads(event["data"]["post"])["message"] == "Hello"
+    human = await mm.create_post("general", "mine")
+    for post_id, status in ((human["id"], 403), ("nosuchpost", 404)):
+        async with http.put(f"{api}/posts/{post_id}/patch", json={"message": "x"},
+                            headers=auth) as resp:
+            assert resp.status == status
+    assert mm.shown("general")[0] == ["Hel", "Hello"]
+    assert len(mm.patches()) == 3
+    await ws.close()
 
 
 async def test_mattermost_close_with_open_socket(http: aiohttp.ClientSession) -> None:
