@@ -11,8 +11,8 @@ wrk's Lua script only cycles through pre-signed ids (LuaJIT has no HMAC).
     python bench/ingest.py [--duration 10] [--connections 64] [--rounds 2] [--aof]
 
 ``--jobs`` adds authenticated ``POST /v1/jobs`` runs against one gateway process: with the
-admin token (a digest compare: the floor), an API key (its row read from PostgreSQL on every
-request, so a revocation holds at once) and an HS256 access token (signature, claims, the
+admin token (a digest compare: the floor), an API key (its row cached, its revocation mark
+read inside the enqueue script) and an HS256 access token (signature, claims, the
 revocation cache), and prints each one's server CPU per request and the share the
 credential adds over the admin token's (target: at most 10 %).
 

@@ -3,12 +3,14 @@
 A process keeps a key's row for ``ROW_SECONDS`` (reading PostgreSQL on every request cost
 ~300 µs of CPU); what makes a revocation hold on every replica from the next request is the
 ``bl:key:<id>`` mark the revocation writes to redis-durable before it returns, which every
-request checks (one command, coalesced with the others)."""
+request checks: one command, coalesced with the others, or, on a route that writes with a
+script (``POST /v1/jobs``), inside that script (``check_mark=False``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -65,6 +67,12 @@ class _Row:
     revoked: bool
     read_at: float
 
+    @property
+    def deferred(self) -> Principal:
+        """The principal with its revocation mark left for the route to check."""
+        return dataclasses.replace(self.principal,
+                                   revocation_mark=keys.revoked_key(self.principal.id))
+
 
 class ApiKeys:
     """Verifies keys for one process: rows cached briefly, revocation marks checked always."""
@@ -74,8 +82,10 @@ class ApiKeys:
         self.auto = auto
         self._rows: Bounded[str, _Row] = Bounded(ROWS)
 
-    async def verify(self, key: str) -> Principal | None:
-        """The key's principal, or None (malformed, unknown, wrong secret or revoked)."""
+    async def verify(self, key: str, check_mark: bool = True) -> Principal | None:
+        """The key's principal, or None (malformed, unknown, wrong secret or revoked).
+        ``check_mark=False``: the caller's own write checks the revocation mark (the
+        principal carries it as ``revocation_mark``), so it costs no round trip here."""
         match = _KEY.match(key)
         if not match:
             return None
@@ -87,6 +97,8 @@ class ApiKeys:
                 return None
         if row.revoked or not hmac.compare_digest(row.key_hash, _hash(key)):
             return None
+        if not check_mark:
+            return row.deferred
         if int(await self.auto.execute("EXISTS", keys.revoked_key(key_id))):
             return None
         return row.principal

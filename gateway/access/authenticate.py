@@ -18,7 +18,14 @@ from gateway.access.principal import ADMIN, Principal
 from gateway.access.revocation import Revocations
 from gateway.access.tokens import InvalidToken, TokenVerifier
 from gateway.api.errors import ApiError
-from gateway.api.state import AUTHENTICATE, STILL_VALID, Authenticate, StillValid
+from gateway.api.state import (
+    AUTHENTICATE,
+    REFUSE,
+    STILL_VALID,
+    Authenticate,
+    Refuse,
+    StillValid,
+)
 from gateway.stores.runtime import Runtime
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
@@ -60,26 +67,27 @@ class Authenticator:
         self.api_keys = apikeys.ApiKeys(runtime.pg, self.revocations.auto)
         self.barrier = barrier
 
-    async def __call__(self, request: web.Request, scope: str,
-                       query_token: bool) -> Principal:
+    async def __call__(self, request: web.Request, scope: str, query_token: bool,
+                       checks_revocation: bool = False) -> Principal:
         ip = self.barrier.client_ip(request) if self.barrier else ""
         if self.barrier:
             await self.barrier.check(ip)  # a blocked address gets 429, whatever it presents
         credential = bearer(request, query_token)
         if credential is None:
             raise await self._refuse(ip, "missing bearer credential")
-        principal, reason = await self._identify(credential)
+        principal, reason = await self._identify(credential, checks_revocation)
         if principal is None:
             raise await self._refuse(ip, reason)
         if not principal.allows(scope):
             raise ApiError(403, "forbidden", f"the credential lacks the scope {scope}")
         return principal
 
-    async def _identify(self, credential: str) -> tuple[Principal | None, str]:
+    async def _identify(self, credential: str,
+                        checks_revocation: bool) -> tuple[Principal | None, str]:
         if self.admin is not None and hmac.compare_digest(_digest(credential), self.admin):
             return ADMIN, ""
         if apikeys.looks_like_key(credential):
-            found = await self.api_keys.verify(credential)
+            found = await self.api_keys.verify(credential, check_mark=not checks_revocation)
             return found, "unknown or revoked API key"
         if not self.tokens.enabled:
             return None, "unknown credential"
@@ -99,6 +107,11 @@ class Authenticator:
             return False
         return not await self.revocations.revoked(principal, principal.issued_at)
 
+    async def refuse(self, request: web.Request, reason: str) -> Exception:
+        """The 401 for a credential the route itself found revoked, counted like any."""
+        return await self._refuse(self.barrier.client_ip(request) if self.barrier else "",
+                                  reason)
+
     async def _refuse(self, ip: str, reason: str) -> ApiError:
         error = ApiError(401, "unauthorized", reason, CHALLENGE)
         if self.barrier is None:
@@ -115,6 +128,8 @@ def install(app: web.Application, runtime: Runtime, barrier: Barrier | None = No
     still_valid: StillValid = authenticator.still_valid
     app[AUTHENTICATE] = check
     app[STILL_VALID] = still_valid
+    refuse: Refuse = authenticator.refuse
+    app[REFUSE] = refuse
 
 
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator", Authenticator)

@@ -26,6 +26,7 @@ class Principal:
     jti: str | None = None
     expires_at: float | None = None
     issued_at: float | None = None
+    revocation_mark: str | None = None  # left for the route's own write to check
 
     @property
     def is_admin(self) -> bool:

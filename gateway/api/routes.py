@@ -46,9 +46,10 @@ _CLOSED = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 
 
 def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
-            query_token: bool = False) -> Handler:
+            query_token: bool = False, checks_revocation: bool = False) -> Handler:
     """``handler`` behind the size limit, the credential check for ``scope`` (none for
-    ``PUBLIC``), JSON errors and metrics labelled ``route``."""
+    ``PUBLIC``), JSON errors and metrics labelled ``route``. ``checks_revocation``: the
+    handler reads the principal's ``revocation_mark`` inside its own write."""
 
     async def guarded_handler(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -64,7 +65,8 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
                 if authenticate is None:  # nothing can vouch for anyone: closed
                     raise ApiError(401, "unauthorized", "no credentials are configured",
                                    _CLOSED)
-                request[PRINCIPAL] = await authenticate(request, scope, query_token)
+                request[PRINCIPAL] = await authenticate(request, scope, query_token,
+                                                        checks_revocation)
             response = await handler(request)
         except Exception as exc:
             response = _error_response(exc, route)
@@ -77,13 +79,14 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
 
 
 def add(app: web.Application, method: str, path: str, handler: Handler, *, scope: str,
-        query_token: bool = False) -> None:
+        query_token: bool = False, checks_revocation: bool = False) -> None:
     """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are
     added). Every route names the scope a credential needs (``PUBLIC``: none), so a new
     route cannot be added open by forgetting; ``query_token`` also accepts the credential as
     ``?access_token=`` (only where a browser cannot set headers: EventSource)."""
     max_bytes = app[RUNTIME].settings.max_body_bytes
-    app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token))
+    app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token,
+                                               checks_revocation))
 
 
 def get(app: web.Application, path: str, handler: Handler, *, scope: str,
@@ -93,8 +96,11 @@ def get(app: web.Application, path: str, handler: Handler, *, scope: str,
     app.router.add_get(path, guarded(handler, path, max_bytes, scope, query_token))
 
 
-def post(app: web.Application, path: str, handler: Handler, *, scope: str) -> None:
-    add(app, "POST", path, handler, scope=scope)
+def post(app: web.Application, path: str, handler: Handler, *, scope: str,
+         checks_revocation: bool = False) -> None:
+    """POST; ``checks_revocation``: the handler's write refuses a revoked credential itself
+    (``Principal.revocation_mark``), which saves the request a round trip."""
+    add(app, "POST", path, handler, scope=scope, checks_revocation=checks_revocation)
 
 
 def static(app: web.Application, prefix: str, directory: Path) -> None:

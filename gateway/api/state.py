@@ -36,14 +36,23 @@ class Principal(Protocol):
     def expires_at(self) -> float | None: ...
     @property
     def account(self) -> str | None: ...
+    @property
+    def revocation_mark(self) -> str | None:
+        """A revocation mark the route's own write must find absent (set only on routes
+        that check it themselves, in the same script as their write); None: checked."""
 
     def allows(self, scope: str) -> bool: ...
     def may_read(self, topic: str) -> bool: ...
 
 
 # Authenticates a request for a route's scope: the principal, or an ApiError (401/403/429).
-Authenticate = Callable[[web.Request, str, bool], Awaitable[Principal]]
+# Arguments: the request, the scope, whether ``?access_token=`` counts, whether the route
+# checks a revocation mark itself (see ``Principal.revocation_mark``).
+Authenticate = Callable[[web.Request, str, bool, bool], Awaitable[Principal]]
 AUTHENTICATE: web.AppKey[Authenticate] = web.AppKey("authenticate")
+# The 401 for a credential found revoked by the route itself, counted like any other.
+Refuse = Callable[[web.Request, str], Awaitable[Exception]]
+REFUSE: web.AppKey[Refuse] = web.AppKey("refuse")
 # Is an authenticated principal still valid (not revoked since)? For long-lived requests.
 StillValid = Callable[[Principal], Awaitable[bool]]
 STILL_VALID: web.AppKey[StillValid] = web.AppKey("still_valid")

@@ -44,6 +44,7 @@ _counter = itertools.count(1)
 class Intake(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
+    REFUSED = "refused"  # the guard key existed: nothing was written
 
 
 class Intaker:
@@ -56,6 +57,7 @@ class Intaker:
         scripts = scripts_for(auto.redis)
         self._add = scripts.add
         self._claim_add = scripts.claim_add
+        self._guard_add = scripts.guard_add
         self._ttl_arg = str(ttl)
         self._window_arg = str(ttl * 1000)
         # One script when the claim and the item share one keyspace; tests switch it off to
@@ -65,23 +67,32 @@ class Intaker:
 
     async def submit(self, claim_key: str | None, item_id: str,
                      document: dict[str, Any] | str, *,
-                     priority: str = "normal", doc_type: str = "other") -> Intake:
+                     priority: str = "normal", doc_type: str = "other",
+                     guard: str | None = None) -> Intake:
         """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue
-        ``document`` (a dict, or its JSON already encoded)."""
+        ``document`` (a dict, or its JSON already encoded), unless the key ``guard`` exists
+        (then ``REFUSED``, nothing written). On a single instance the guard is read inside
+        the same script; on a cluster, where it lives in another slot, by one command
+        before."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type,
                                       window=self._window_arg)
-        if claim_key is not None and self.atomic:
-            added = await self._claim_and_add([*add_keys, claim_key], [*add_args, self._ttl_arg])
+        if self.atomic and (claim_key is not None or guard is not None):
+            if claim_key is None:
+                added = await self.auto.run_script(self._guard_add, [*add_keys, str(guard)],
+                                                   add_args)
+            else:
+                script_keys = [*add_keys, claim_key] + ([guard] if guard else [])
+                added = await self.auto.run_script(self._claim_add, script_keys,
+                                                   [*add_args, self._ttl_arg])
+        elif guard is not None and int(await self.auto.execute("EXISTS", guard)):
+            added = -1
         else:
             added = await self._claim_then_add(claim_key, add_keys, add_args)
-        if int(added):
+        added = int(added)
+        if added == 1:
             self._enqueued.inc()
             return Intake.ACCEPTED
-        return Intake.DUPLICATE
-
-    async def _claim_and_add(self, keys: list[str], args: list[str]) -> Any:
-        """One atomic script: whatever fails (even the round trip) leaves no claim to undo."""
-        return await self.auto.run_script(self._claim_add, keys, args)
+        return Intake.REFUSED if added < 0 else Intake.DUPLICATE
 
     async def _claim_then_add(self, claim_key: str | None, add_keys: list[str],
                               add_args: list[str]) -> Any:

@@ -24,7 +24,8 @@ from aiohttp import web
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import RUNTIME, Principal, principal_of
+from gateway.api.state import REFUSE, RUNTIME, Principal, principal_of
+from gateway.dedup.intake import Intake
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import (
     INBOUND,
@@ -103,7 +104,9 @@ async def submit_job(request: web.Request) -> web.Response:
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
         keys.dedup_job(item_id) if job_id else None, item_id, document,
-        priority=priority, doc_type=doc_type)
+        priority=priority, doc_type=doc_type, guard=principal.revocation_mark)
+    if outcome is Intake.REFUSED:  # the credential was revoked: nothing was written
+        raise await request.app[REFUSE](request, "unknown or revoked API key")
     return intake_answer(outcome, item_id)
 
 
@@ -149,5 +152,6 @@ JOB_RATE: web.AppKey[JobRate] = web.AppKey("job_rate", JobRate)
 def setup(app: web.Application, runtime: Runtime) -> None:
     inbound = install(app, runtime)
     app[JOB_RATE] = JobRate(runtime, inbound.auto)
-    routes.post(app, "/v1/jobs", submit_job, scope="jobs:write")
+    # The API key's revocation mark is read by the enqueue script itself (no round trip).
+    routes.post(app, "/v1/jobs", submit_job, scope="jobs:write", checks_revocation=True)
     routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")

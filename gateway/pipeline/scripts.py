@@ -13,9 +13,9 @@ from gateway.stores.scripts import bound_scripts
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
-         "purge", "upgrade", "claim_add")
+         "purge", "upgrade", "claim_add", "guard_add")
 # Scripts that call another script's body as a local function: name -> (function, script).
-_EMBEDS = {"claim_add": ("add_item", "add")}
+_EMBEDS = {"claim_add": ("add_item", "add"), "guard_add": ("add_item", "add")}
 
 
 def source(name: str) -> str:
@@ -44,6 +44,7 @@ class Scripts:
     purge: Any
     upgrade: Any
     claim_add: Any
+    guard_add: Any
 
 
 def scripts_for(client: AnyRedis) -> Scripts:

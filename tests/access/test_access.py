@@ -16,8 +16,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from gateway import keys
 from gateway.access.tokens import mint
 from gateway.config import Secret, Settings
+from gateway.pipeline.stages import meta_key
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.conftest import ServerSet
@@ -41,6 +43,10 @@ def token(scope: str, topics: list[str] | None = None, **claims: Any) -> str:
             "topics": topics or [], **claims}
     return jwt.encode({k: v for k, v in body.items() if v is not None}, SECRET,
                       algorithm="HS256")
+
+
+async def pipeline_items(runtime: Runtime) -> int:
+    return int(await runtime.durable.hlen(meta_key()))
 
 
 @pytest.fixture
@@ -96,6 +102,16 @@ async def test_api_key_lifecycle_and_revocation_on_another_replica(
     assert code == 0
     async with replica_b.get("/v1/jobs/report-1", headers=bearer(key)) as revoked:
         assert revoked.status == 401  # the next request on the other replica
+    # POST /v1/jobs reads the mark inside its enqueue script: refused too, nothing written,
+    # with a job_id (claim + ADD) and without (ADD alone).
+    queued = await pipeline_items(runtime)
+    for late in ({"job_id": "report-2", "document": {"text": "late"}},
+                 {"document": {"text": "late, no id"}}):
+        async with replica_b.post("/v1/jobs", json=late, headers=bearer(key)) as refused:
+            assert refused.status == 401
+            assert refused.headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    assert await pipeline_items(runtime) == queued
+    assert not await runtime.durable.exists(keys.dedup_job(f"k.{created['id']}/report-2"))
     code, _, err = await gateway_cli(servers, "apikey", "create", "--name", "x",
                                      "--scopes", "jobs:writ")
     assert code == 2 and "unknown scope" in err

@@ -57,3 +57,21 @@ async def test_a_stuck_in_progress_claim_does_not_swallow_the_retry(
     await runtime.durable.set(claim, "in-progress:dead-holder", ex=TTL)
     assert await intaker.submit(claim, "webhook:demo:stuck", {"text": "x"}) is Intake.ACCEPTED
     assert await ready_items(runtime.durable, "store") == ["webhook:demo:stuck"]
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+async def test_a_present_guard_key_refuses_the_item_and_writes_nothing(
+        intaker: Intaker, runtime: Runtime, claimed: bool) -> None:
+    """The guard (a credential's revocation mark) is read with the write: present, nothing
+    is claimed or enqueued; absent, the item goes in as usual."""
+    guard = keys.revoked_key("0123456789ab")
+    claim = keys.dedup_job("guarded") if claimed else None
+    assert await intaker.submit(claim, "guarded", {"text": "x"}, guard=guard) is Intake.ACCEPTED
+    await runtime.durable.set(guard, "1", ex=TTL)
+    second = keys.dedup_job("guarded-2") if claimed else None
+    assert await intaker.submit(second, "guarded-2", {"text": "x"},
+                                guard=guard) is Intake.REFUSED
+    await intaker.auto.drain()
+    assert await ready_items(runtime.durable, "store") == ["guarded"]
+    if second is not None:
+        assert not await runtime.durable.exists(second)
