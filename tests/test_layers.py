@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dedup",),
     ("conversations", "knowledge"),
     ("pipeline",),
-    ("outbound", "push"),
+    ("outbound", "push", "providers"),
     ("ratelimit", "leases"),
     ("api",),
     ("stores",),

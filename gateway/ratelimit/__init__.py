@@ -2,13 +2,14 @@
 slots on Redis time), the platform limits every outbound message passes, and ``Providers``,
 the budget handlers use when they call model providers."""
 
-from gateway.ratelimit.limiter import Decision, Limiter, LimitError
+from gateway.ratelimit.limiter import Decision, Limiter, LimitError, Window
 from gateway.ratelimit.limits import (
     PLATFORM_LIMITS,
     PROVIDER_LIMITS,
     ProviderLimits,
     Providers,
     Rate,
+    Ticket,
     platform_limits,
     provider_limits,
 )
@@ -22,6 +23,8 @@ __all__ = [
     "ProviderLimits",
     "Providers",
     "Rate",
+    "Ticket",
+    "Window",
     "platform_limits",
     "provider_limits",
 ]

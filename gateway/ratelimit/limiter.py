@@ -25,7 +25,10 @@ from gateway.stores.redis import AnyRedis
 
 _HERE = Path(__file__).parent / "lua"
 _CLOCK = (_HERE / "includes" / "clock.lua").read_text()
-_WINDOW = _CLOCK + (_HERE / "window.lua").read_text()
+_LOG = _CLOCK + (_HERE / "includes" / "log.lua").read_text()
+_WINDOW = _LOG + (_HERE / "window.lua").read_text()
+_WINDOWS = _LOG + (_HERE / "windows.lua").read_text()
+_AMEND = _CLOCK + (_HERE / "amend.lua").read_text()
 _SLOTS = _CLOCK + (_HERE / "slots.lua").read_text()
 _MICRO = 1_000_000
 
@@ -33,6 +36,22 @@ _MICRO = 1_000_000
 def window_key(name: str) -> str:
     """The log of one limit; its running total is ``<key>:total`` (same hash tag)."""
     return keys.rl("window", "{" + name + "}")
+
+
+def group_key(tag: str, part: str) -> str:
+    """The log of one of several limits taken together (``acquire_all``): one hash tag."""
+    return keys.rl("window", "{" + tag + "}", part)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One limit of a group: ``limit`` units per ``period`` seconds; this attempt's ``cost``
+    (0: not counted in this window)."""
+
+    part: str
+    limit: int
+    period: float
+    cost: int
 
 
 def whole_units(rate: float, period: float) -> tuple[int, float]:
@@ -65,6 +84,8 @@ class Limiter:
         self.auto = auto
         self._window: Any = redis.register_script(_WINDOW)
         self._slots: Any = redis.register_script(_SLOTS)
+        self._windows: Any = redis.register_script(_WINDOWS)
+        self._amend: Any = redis.register_script(_AMEND)
 
     async def check(self, name: str, *, rate: float, period: float, burst: int = 1,
                     cost: int = 1, now: float | None = None) -> Decision:
@@ -111,6 +132,46 @@ class Limiter:
             if deadline is not None and loop.time() + wait > deadline:
                 raise LimitError(f"{name}: not admitted within {max_wait} s")
             await asyncio.sleep(wait)
+
+    async def check_all(self, tag: str, windows: list[Window], *, attempt: str,
+                        now: float | None = None) -> Decision:
+        """Admit ``attempt`` in every window of the group at one instant, or in none."""
+        if not windows or any(w.limit < 1 or w.period <= 0 or w.cost < 0 for w in windows):
+            raise LimitError("limits and periods must be positive, costs not negative")
+        log_keys: list[str] = []
+        args: list[Any] = [len(windows)]
+        for w in windows:
+            log_keys += [group_key(tag, w.part), group_key(tag, w.part) + ":total"]
+            args += [w.limit, round(w.period * _MICRO), w.cost]
+        args += [attempt, "" if now is None else str(round(now * _MICRO))]
+        admitted, wait_us, now_us = await self._windows(keys=log_keys, args=args)
+        if int(admitted) < 0:
+            raise LimitError(f"{tag}: a cost can never fit its limit: {windows}")
+        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO)
+
+    async def acquire_all(self, tag: str, windows: list[Window], *,
+                          max_wait: float | None = None) -> str:
+        """Wait (on Redis time) until admitted in every window at once; returns the attempt
+        id, which ``amend`` takes to correct a cost afterwards."""
+        attempt = secrets.token_hex(8)
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait
+        while True:
+            decision = await self.check_all(tag, windows, attempt=attempt)
+            if decision.admitted:
+                return attempt
+            if deadline is not None and loop.time() + decision.wait > deadline:
+                raise LimitError(f"{tag}: not admitted within {max_wait} s")
+            await asyncio.sleep(decision.wait)
+
+    async def amend(self, tag: str, window: Window, attempt: str, cost: int) -> bool:
+        """Set the cost of an admitted attempt in one window of its group to ``cost``, at its
+        admission time; False when the entry has already left the window."""
+        log_key = group_key(tag, window.part)
+        done = await self._amend(keys=[log_key, log_key + ":total"],
+                                 args=[attempt, window.cost, max(0, int(cost)),
+                                       round(window.period * _MICRO)])
+        return int(done) == 1
 
     async def try_slot(self, name: str, holder: str, *, limit: int, lease: float,
                        now: float | None = None) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import ConfigError, Settings
-from gateway.ratelimit.limiter import Limiter
+from gateway.ratelimit.limiter import Limiter, Window
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,13 @@ PLATFORM_LIMITS: dict[str, dict[str, Rate]] = {
 
 @dataclass(frozen=True)
 class ProviderLimits:
+    """Requests and tokens per window (a minute, as providers publish them; tests shorten it
+    with ``window_seconds``) and calls in flight at once."""
+
     requests_per_minute: int
     tokens_per_minute: int
     concurrent: int
+    window_seconds: float = 60.0
 
 
 PROVIDER_LIMITS: dict[str, ProviderLimits] = {
@@ -85,27 +89,59 @@ def platform_limits(settings: Settings) -> dict[str, dict[str, Rate]]:
     return table
 
 
+DEFAULT_PROVIDER_LIMITS = ProviderLimits(60, 60_000, 5)
+
+
 def provider_limits(settings: Settings) -> dict[str, ProviderLimits]:
-    """The provider table with ``[ratelimit.providers.<name>]`` overrides or additions."""
+    """The provider table with overrides or additions from ``[ratelimit.providers.<name>]``
+    and then ``[providers.<name>]`` (the provider's own table, DESIGN 8), which wins."""
     table = dict(PROVIDER_LIMITS)
-    for name, spec in (settings.section("ratelimit").get("providers", {}) or {}).items():
-        where = f"[ratelimit.providers.{name}]"
-        if not isinstance(spec, Mapping):
-            raise ConfigError(where, "must be a table")
-        base = table.get(name, ProviderLimits(60, 60_000, 5))
-        changes = {field: _number(f"{where}.{field}", spec[field], integer=True)
-                   for field in ("requests_per_minute", "tokens_per_minute", "concurrent")
-                   if field in spec}
-        table[name] = replace(base, **changes)
+    for section, prefix in ((settings.section("ratelimit").get("providers", {}), "ratelimit."),
+                            (settings.section("providers"), "")):
+        for name, spec in (section or {}).items():
+            where = f"[{prefix}providers.{name}]"
+            if not isinstance(spec, Mapping):
+                raise ConfigError(where, "must be a table")
+            base = table.get(name, DEFAULT_PROVIDER_LIMITS)
+            changes: dict[str, Any] = {
+                field: _number(f"{where}.{field}", spec[field], integer=True)
+                for field in ("requests_per_minute", "tokens_per_minute", "concurrent")
+                if field in spec}
+            if "window_seconds" in spec:
+                changes["window_seconds"] = _number(f"{where}.window_seconds",
+                                                    spec["window_seconds"])
+            table[name] = replace(base, **changes)
     return table
+
+
+class Ticket:
+    """An admitted provider call: ``settle(tokens)`` replaces the token estimate it was
+    admitted on with the count the provider reported, at the same admission time."""
+
+    def __init__(self, limiter: Limiter, tag: str, tokens: Window | None, attempt: str) -> None:
+        self._limiter = limiter
+        self._tag = tag
+        self._tokens = tokens
+        self._attempt = attempt
+        self.tokens = tokens.cost if tokens is not None else 0
+
+    async def settle(self, tokens: int) -> None:
+        if self._tokens is None or tokens == self._tokens.cost:
+            return
+        await self._limiter.amend(self._tag, self._tokens, self._attempt, tokens)
+        self._tokens = replace(self._tokens, cost=max(0, tokens))
+        self.tokens = self._tokens.cost
 
 
 class Providers:
     """The public API for handlers that call model providers.
 
-    ``async with providers.call("anthropic", tokens=1200): ...`` waits for a request slot in
-    the minute, for the tokens in the minute, and for one of the concurrent slots, in that
-    order, all on shared Redis state so every replica counts against the same budget.
+    ``async with providers.call("anthropic", tokens=1200) as ticket: ...`` waits for one of
+    the concurrent slots, then for a request and ``tokens`` in the window, both at one
+    instant, so what is admitted in a window is sent in it (taken one after the other, a
+    request admitted while its tokens waited would go out beside the next window's). All on
+    shared Redis state: every replica counts against the same budget. ``ticket.settle(n)``
+    corrects the tokens once the provider has said how many it counted.
     """
 
     def __init__(self, limiter: Limiter, table: Mapping[str, ProviderLimits]) -> None:
@@ -117,19 +153,19 @@ class Providers:
             return self.table[provider]
         except KeyError:
             raise KeyError(f"unknown provider {provider!r}; configure "
-                           f"[ratelimit.providers.{provider}]") from None
+                           f"[providers.{provider}]") from None
 
     @contextlib.asynccontextmanager
     async def call(self, provider: str, *, tokens: int = 0,
-                   lease: float = 300.0) -> AsyncIterator[None]:
+                   lease: float = 300.0) -> AsyncIterator[Ticket]:
+        """``tokens`` above the window's whole budget are counted as the whole budget (the
+        call then has the window to itself) rather than refused forever."""
         limits = self.limits(provider)
-        await self.limiter.acquire(f"provider:{provider}:requests",
-                                   rate=limits.requests_per_minute, period=60.0,
-                                   burst=limits.requests_per_minute)
-        if tokens > 0:
-            await self.limiter.acquire(f"provider:{provider}:tokens",
-                                       rate=limits.tokens_per_minute, period=60.0,
-                                       burst=limits.tokens_per_minute, cost=tokens)
-        async with self.limiter.slot(f"provider:{provider}:concurrent",
-                                     limit=limits.concurrent, lease=lease):
-            yield
+        tag = f"provider:{provider}"
+        requests = Window("requests", limits.requests_per_minute, limits.window_seconds, 1)
+        cost = min(max(0, int(tokens)), limits.tokens_per_minute)
+        token_window = Window("tokens", limits.tokens_per_minute, limits.window_seconds, cost)
+        async with self.limiter.slot(f"{tag}:concurrent", limit=limits.concurrent,
+                                     lease=lease):
+            attempt = await self.limiter.acquire_all(tag, [requests, token_window])
+            yield Ticket(self.limiter, tag, token_window, attempt)

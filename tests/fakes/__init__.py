@@ -1,4 +1,5 @@
-"""Local fake platform servers (Telegram Bot API, Slack Web API, Mattermost) for tests.
+"""Local fake platform servers (Telegram Bot API, Slack Web API, Mattermost, an
+OpenAI-compatible model provider) for tests.
 
 Each fake is a real aiohttp server on 127.0.0.1 with a free port; point the
 gateway's ``TELEGRAM_API_URL`` / ``SLACK_API_URL`` / ``MATTERMOST_URL`` at
@@ -7,6 +8,7 @@ gateway's ``TELEGRAM_API_URL`` / ``SLACK_API_URL`` / ``MATTERMOST_URL`` at
 
 from tests.fakes.base import Call, FakeServer
 from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.openai import FakeOpenAI
 from tests.fakes.slack import FakeSlack, event_callback, sign_slack, slash_command_body
 from tests.fakes.telegram import FakeTelegram, text_update
 from tests.fakes.waiting import wait_until
@@ -14,6 +16,7 @@ from tests.fakes.waiting import wait_until
 __all__ = [
     "Call",
     "FakeMattermost",
+    "FakeOpenAI",
     "FakeServer",
     "FakeSlack",
     "FakeTelegram",

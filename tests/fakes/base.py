@@ -39,12 +39,14 @@ class Call:
 
 @dataclass
 class Fault:
-    """A queued failure answered instead of the next matching call."""
+    """A queued failure answered instead of the next matching call (``status`` 0 with a
+    ``delay``: the call only waits that long, then is answered as usual)."""
 
     status: int
     retry_after: int | None = None
     description: str | None = None
     remaining: int = 1
+    delay: float = 0.0
 
 
 class Displayed:

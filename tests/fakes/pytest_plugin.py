@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.openai import FakeOpenAI
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 TELEGRAM_TOKEN = "123456:TEST-telegram-token"
 SLACK_TOKEN = "xoxb-test-token"
 MATTERMOST_TOKEN = "mm-test-token"
+OPENAI_KEY = "sk-test-provider-key"
 
 
 @pytest_asyncio.fixture
@@ -38,4 +40,11 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
 async def fake_mattermost() -> AsyncIterator[FakeMattermost]:
     """A running ``FakeMattermost`` whose personal access token is ``MATTERMOST_TOKEN``."""
     async with FakeMattermost(token=MATTERMOST_TOKEN) as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    """A running ``FakeOpenAI`` (8-dimensional vectors) accepting only ``OPENAI_KEY``."""
+    async with FakeOpenAI(api_key=OPENAI_KEY) as fake:
         yield fake

@@ -20,7 +20,7 @@ from gateway.ratelimit import (
     platform_limits,
     provider_limits,
 )
-from gateway.ratelimit.limiter import window_key
+from gateway.ratelimit.limiter import Window, group_key
 from gateway.stores.runtime import Runtime
 
 
@@ -86,9 +86,9 @@ async def test_provider_budget_counts_requests_tokens_and_concurrency(
     await asyncio.gather(*(call(150) for _ in range(6)))  # 900 of 1000 tokens this minute
     assert peak == 2
     # The token budget is shared state in rl: — the next 150 tokens do not fit this minute.
-    assert await limiter.try_acquire("provider:tiny:tokens", rate=1000, period=60,
-                                     burst=1000, cost=150) > 50
-    assert await runtime.durable.exists(window_key("provider:tiny:requests"))
+    tokens = Window("tokens", 1000, 60.0, 150)
+    assert not (await limiter.check_all("provider:tiny", [tokens], attempt="x")).admitted
+    assert await runtime.durable.exists(group_key("provider:tiny", "requests"))
     with pytest.raises(KeyError):
         async with providers.call("unknown"):
             pass

@@ -23,7 +23,6 @@ local burst = tonumber(ARGV[3])
 local smooth = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])
 local now = clock(ARGV[7])
-local function cost_of(member) return tonumber(string.match(member, ':(%d+)$')) or 1 end
 if cost > limit or cost > burst then
   return {-1, '0', fmt(now)}
 end
@@ -34,18 +33,7 @@ if redis.call('ZSCORE', key, member) then
   return {1, '0', fmt(now)}
 end
 
--- Expire old entries, keeping the running total in step (recomputed if it went missing).
-local used = tonumber(redis.call('GET', total_key))
-if used == nil then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  used = 0
-  for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do used = used + cost_of(member) end
-else
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now - window))
-  for _, member in ipairs(expired) do used = used - cost_of(member) end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window)) end
-end
-
+local used = used_in(key, total_key, window, now)
 local used_smooth = used
 if burst < limit then
   used_smooth = 0
@@ -54,35 +42,15 @@ if burst < limit then
   end
 end
 
-local ttl = math.ceil(window / 1000) + 1
 if used + cost <= limit and used_smooth + cost <= burst then
-  redis.call('ZADD', key, fmt(now), member)
-  redis.call('SET', total_key, fmt(used + cost), 'PX', ttl)
-  redis.call('PEXPIRE', key, ttl)
+  admit(key, total_key, member, used, cost, window, now)
   return {1, '0', fmt(now)}
 end
-if used > 0 then
-  redis.call('SET', total_key, fmt(used), 'KEEPTTL')
-else
-  redis.call('DEL', total_key)
-end
+keep_total(total_key, used)
 
 -- How long until enough of the oldest entries leave each window for this cost to fit.
-local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-local function wait_for(excess, span, from)
-  if excess <= 0 then return 0 end
-  local freed = 0
-  for i = 1, #entries, 2 do
-    local score = tonumber(entries[i + 1])
-    if score > from then
-      freed = freed + cost_of(entries[i])
-      if freed >= excess then return score + span - now end
-    end
-  end
-  return span
-end
-local wait = wait_for(used + cost - limit, window, now - window)
-local wait_smooth = wait_for(used_smooth + cost - burst, smooth, now - smooth)
+local wait = wait_for(key, used + cost - limit, window, now - window, now)
+local wait_smooth = wait_for(key, used_smooth + cost - burst, smooth, now - smooth, now)
 if wait_smooth > wait then wait = wait_smooth end
 if wait < 1 then wait = 1 end
 return {0, fmt(wait), fmt(now)}

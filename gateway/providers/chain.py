@@ -1,0 +1,161 @@
+"""A chain of providers: the one way the gateway calls a model.
+
+Every attempt passes the ``rl:`` limiter of its provider (a concurrent slot, then a request
+and the estimated tokens in one instant; the tokens are corrected from the reported usage
+afterwards). A ``429`` waits its ``Retry-After`` (at most ``max_retry_after_seconds``, at most
+``retries_on_429`` times; the slot is given back while waiting) and retries the same
+provider; a ``5xx``, a timeout, a refused connection or a refused key moves on to the next
+provider; a request the provider calls malformed (400, 422) stops, since every provider would
+refuse it. Callers see ``ChainFailed`` when nothing answered (the bot apologises) and
+``OverBudget`` when a ``[budgets]`` limit is reached (checked once before the first attempt).
+A stream falls back only until its first delta: after that the words are in the chat, and a
+failure ends it with ``ChainFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from gateway.providers.client import (
+    ChatStream,
+    Completion,
+    Embeddings,
+    Message,
+    OpenAIClient,
+    Usage,
+    estimate_messages,
+    estimate_tokens,
+)
+from gateway.providers.errors import ChainFailed, ProviderError, RateLimited, Rejected
+from gateway.providers.usage import Charge, UsageLedger
+from gateway.ratelimit.limits import Providers
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", Embeddings, Completion)
+
+# What a chat reply is assumed to cost before it is known, when no max_tokens is given.
+REPLY_ESTIMATE = 256
+NOBODY = Charge()  # a call charged to no chat, job or account (only the total budget)
+
+
+class Chain:
+    """Providers tried in order for one kind of work (a bot's replies, an embedder)."""
+
+    def __init__(self, clients: Sequence[OpenAIClient], limits: Providers,
+                 ledger: UsageLedger | None = None) -> None:
+        if not clients:
+            raise ValueError("a chain needs at least one provider")
+        self.clients = tuple(clients)
+        self.limits = limits
+        self.ledger = ledger
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(client.name for client in self.clients)
+
+    def __repr__(self) -> str:
+        return f"Chain({list(self.names)!r})"
+
+    async def embeddings(self, model: str, inputs: Sequence[str], *,
+                         charge: Charge = NOBODY) -> Embeddings:
+        """One vector per input, from the first provider that answers."""
+        estimate = sum(estimate_tokens(text) for text in inputs)
+        return await self._first("embeddings", model, estimate, charge,
+                                 lambda client: client.embeddings(model, inputs))
+
+    async def chat(self, model: str, messages: Sequence[Message], *,
+                   charge: Charge = NOBODY, max_tokens: int | None = None) -> Completion:
+        """The whole reply, from the first provider that answers."""
+        estimate = estimate_messages(messages) + (max_tokens or REPLY_ESTIMATE)
+        return await self._first("chat", model, estimate, charge,
+                                 lambda client: client.chat(model, messages,
+                                                            max_tokens=max_tokens))
+
+    def stream_chat(self, model: str, messages: Sequence[Message], *,
+                    charge: Charge = NOBODY, max_tokens: int | None = None) -> ChatStream:
+        """The reply as text deltas; ``provider`` and ``usage`` are set once it has ended.
+        Nothing is checked or sent until the first delta is asked for."""
+        stream = ChatStream()
+        return stream.attach(self._stream(stream, model, messages, charge, max_tokens))
+
+    # plumbing -------------------------------------------------------------
+    async def _check(self, charge: Charge) -> None:
+        if self.ledger is not None:
+            await self.ledger.check(charge)
+
+    async def _record(self, client: OpenAIClient, model: str, kind: str, usage: Usage,
+                      charge: Charge) -> None:
+        if self.ledger is not None:
+            await self.ledger.record(provider=client.name, model=model, kind=kind,
+                                     usage=usage, charge=charge)
+
+    async def _go_on(self, client: OpenAIClient, error: ProviderError, retried: int,
+                     failures: list[ProviderError]) -> bool:
+        """After a failed attempt: True to retry ``client`` (its 429 has been waited out),
+        False to move on to the next provider; ``ChainFailed`` when no provider can help."""
+        if isinstance(error, RateLimited):
+            config = client.config
+            wait = (error.retry_after if error.retry_after is not None
+                    else min(2.0 ** retried, 8.0))
+            if retried < config.retries_on_429 and wait <= config.max_retry_after_seconds:
+                log.info("%s: 429, retrying in %.1f s", client.name, wait)
+                await asyncio.sleep(wait)
+                return True
+        failures.append(error)
+        if isinstance(error, Rejected):
+            raise ChainFailed(failures) from None
+        log.warning("%s failed, next provider: %s", client.name, error)
+        return False
+
+    async def _first(self, kind: str, model: str, estimate: int, charge: Charge,
+                     call: Callable[[OpenAIClient], Awaitable[T]]) -> T:
+        await self._check(charge)
+        failures: list[ProviderError] = []
+        for client in self.clients:
+            retried = 0
+            while True:
+                try:
+                    async with self.limits.call(client.name, tokens=estimate) as ticket:
+                        result = await call(client)
+                        await ticket.settle(result.usage.total)
+                except ProviderError as error:
+                    if await self._go_on(client, error, retried, failures):
+                        retried += 1
+                        continue
+                    break
+                await self._record(client, model, kind, result.usage, charge)
+                return result
+        raise ChainFailed(failures)
+
+    async def _stream(self, stream: ChatStream, model: str, messages: Sequence[Message],
+                      charge: Charge, max_tokens: int | None) -> AsyncIterator[str]:
+        await self._check(charge)
+        estimate = estimate_messages(messages) + (max_tokens or REPLY_ESTIMATE)
+        failures: list[ProviderError] = []
+        for client in self.clients:
+            retried = 0
+            while True:
+                started = False
+                try:
+                    async with self.limits.call(client.name, tokens=estimate) as ticket:
+                        inner = client.stream_chat(model, messages, max_tokens=max_tokens)
+                        async for delta in inner:
+                            started = True
+                            yield delta
+                        usage = inner.usage or Usage(estimate, 0, estimated=True)
+                        await ticket.settle(usage.total)
+                except ProviderError as error:
+                    if started:  # the first words are out: no other provider can continue
+                        raise ChainFailed([*failures, error]) from None
+                    if await self._go_on(client, error, retried, failures):
+                        retried += 1
+                        continue
+                    break
+                stream.provider, stream.usage = client.name, usage
+                await self._record(client, model, "chat", usage, charge)
+                return
+        raise ChainFailed(failures)

@@ -1,0 +1,95 @@
+"""``[providers.<name>]`` tables: where a provider is, which environment variable holds its
+key, its limits and timeouts. Example::
+
+    [providers.groq]
+    api = "openai"                                  # the only API spoken (OpenAI-compatible)
+    base_url = "https://api.groq.com/openai/v1"
+    api_key_env = "GROQ_API_KEY"                    # the variable's name, never the key
+    requests_per_minute = 30                        # defaults: the DESIGN 5 table by name,
+    tokens_per_minute = 30000                       # else 60, 60000, 5
+    concurrent = 3
+    timeout_seconds = 60                            # a whole call; a stream: between chunks
+    connect_timeout_seconds = 5
+    max_retry_after_seconds = 30                    # a longer Retry-After moves on instead
+    retries_on_429 = 3
+
+The key is read once from the environment into a ``Secret``, which prints as ``***``, so no
+repr, log line or error message can show it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import ConfigError, Secret, Settings
+from gateway.ratelimit.limits import ProviderLimits, provider_limits
+
+APIS = ("openai",)
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    name: str
+    base_url: str
+    api_key: Secret | None
+    api_key_env: str | None
+    limits: ProviderLimits
+    api: str = "openai"
+    timeout_seconds: float = 60.0
+    connect_timeout_seconds: float = 5.0
+    max_retry_after_seconds: float = 30.0
+    retries_on_429: int = 3
+
+
+def _positive(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(where, "must be a positive number")
+    return float(value)
+
+
+def _string(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(where, "must be a non-empty string")
+    return value
+
+
+def provider_configs(settings: Settings,
+                     environ: Mapping[str, str] | None = None) -> dict[str, ProviderConfig]:
+    """Every ``[providers.<name>]`` table, checked; keys read from ``environ`` (os.environ)."""
+    env = os.environ if environ is None else environ
+    limits = provider_limits(settings)
+    configs: dict[str, ProviderConfig] = {}
+    for name, spec in settings.section("providers").items():
+        where = f"[providers.{name}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(where, "must be a table")
+        api = spec.get("api", "openai")
+        if api not in APIS:
+            raise ConfigError(f"{where}.api", f"must be one of {', '.join(APIS)}")
+        base_url = _string(f"{where}.base_url", spec.get("base_url")).rstrip("/")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}.base_url", "must be an http:// or https:// URL")
+        key_env = spec.get("api_key_env")
+        key: Secret | None = None
+        if key_env is not None:
+            key_env = _string(f"{where}.api_key_env", key_env)
+            if not env.get(key_env):
+                raise ConfigError(key_env, f"is not set (the API key of {where})")
+            key = Secret(env[key_env])
+        retries = spec.get("retries_on_429", 3)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"{where}.retries_on_429", "must be a whole number >= 0")
+        configs[name] = ProviderConfig(
+            name=name, base_url=base_url, api_key=key, api_key_env=key_env,
+            limits=limits[name], api=api,
+            timeout_seconds=_positive(f"{where}.timeout_seconds",
+                                      spec.get("timeout_seconds", 60.0)),
+            connect_timeout_seconds=_positive(f"{where}.connect_timeout_seconds",
+                                              spec.get("connect_timeout_seconds", 5.0)),
+            max_retry_after_seconds=_positive(f"{where}.max_retry_after_seconds",
+                                              spec.get("max_retry_after_seconds", 30.0)),
+            retries_on_429=retries)
+    return configs

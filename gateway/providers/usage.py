@@ -1,0 +1,131 @@
+"""Usage rows and budgets: a row per provider call in PostgreSQL, and ``[budgets]`` daily
+limits checked as SQL sums over today's rows (UTC) before a call. A sum, not a counter, so
+the record and the budget can never disagree, and each budget's sum is an index-only range
+scan (migration 0009). ::
+
+    [budgets]
+    daily_tokens_per_chat = 20000       # one chat's calls today (its chat key)
+    daily_tokens_per_account = 200000   # one account's calls today
+    daily_tokens = 2000000              # every call today
+
+A budget is reached once today's sum is at or above it; the call that crosses it runs, so a
+day ends at most one call (and the calls already in flight) above its budget.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from gateway.config import ConfigError, Settings
+from gateway.providers.client import Usage
+from gateway.providers.errors import Budget, OverBudget
+
+log = logging.getLogger(__name__)
+
+GROUPS: Mapping[str, str] = {
+    "provider": "provider",
+    "model": "model",
+    "chat": "coalesce(chat_key, '')",
+    "day": "to_char(date_trunc('day', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
+}
+
+_TODAY = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+
+# One statement for the three budgets; a budget that is not configured is not summed.
+_CHECK = f"""
+SELECT
+  CASE WHEN $1 THEN (SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+                     WHERE created_at >= {_TODAY}) END,
+  CASE WHEN $2::text IS NOT NULL THEN (
+       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+       WHERE chat_key = $2 AND created_at >= {_TODAY}) END,
+  CASE WHEN $3::text IS NOT NULL THEN (
+       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+       WHERE account = $3 AND created_at >= {_TODAY}) END
+"""
+
+_RECORD = """
+INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out, estimated,
+                            chat_key, job_id, account)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+"""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """Who a call is for: its usage row names them and their budgets are checked."""
+
+    chat: str | None = None      # the chat key of a conversation
+    job: str | None = None       # a pipeline item or job id
+    account: str | None = None   # the account (a token's subject) behind it
+
+
+@dataclass(frozen=True)
+class Budgets:
+    per_chat: int | None = None
+    per_account: int | None = None
+    total: int | None = None
+
+
+def budgets(settings: Settings) -> Budgets:
+    section = settings.section("budgets")
+    values: dict[str, int | None] = {}
+    for name in ("daily_tokens_per_chat", "daily_tokens_per_account", "daily_tokens"):
+        value = section.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise ConfigError(f"[budgets].{name}", "must be a positive whole number")
+        values[name] = value
+    return Budgets(values["daily_tokens_per_chat"], values["daily_tokens_per_account"],
+                   values["daily_tokens"])
+
+
+class UsageLedger:
+    """Records calls and checks budgets on the PostgreSQL pool."""
+
+    def __init__(self, pool: asyncpg.Pool, limits: Budgets) -> None:
+        self.pool = pool
+        self.limits = limits
+
+    async def check(self, charge: Charge) -> None:
+        """Raise ``OverBudget`` when a configured budget of ``charge`` is reached today."""
+        limits = self.limits
+        chat = charge.chat if limits.per_chat is not None else None
+        account = charge.account if limits.per_account is not None else None
+        if limits.total is None and chat is None and account is None:
+            return
+        total, chat_used, account_used = await self.pool.fetchrow(
+            _CHECK, limits.total is not None, chat, account)
+        for scope, used, limit in (("total", total, limits.total),
+                                   ("chat", chat_used, limits.per_chat),
+                                   ("account", account_used, limits.per_account)):
+            if used is not None and limit is not None and used >= limit:
+                raise OverBudget(Budget(scope, int(used), limit))
+
+    async def record(self, *, provider: str, model: str, kind: str, usage: Usage,
+                     charge: Charge) -> None:
+        """One row for a finished call. A failed write is logged, not raised: the call has
+        happened and its answer is worth more than its row."""
+        try:
+            await self.pool.execute(_RECORD, provider, model, kind, usage.prompt_tokens,
+                                    usage.completion_tokens, usage.estimated, charge.chat,
+                                    charge.job, charge.account)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
+
+    async def report(self, group: str, since: datetime) -> list[dict[str, Any]]:
+        """Sums of the rows since ``since`` by ``group`` (a key of ``GROUPS``)."""
+        expression = GROUPS[group]
+        rows = await self.pool.fetch(
+            f"SELECT {expression} AS key, count(*) AS calls, sum(tokens_in) AS tokens_in, "
+            f"sum(tokens_out) AS tokens_out FROM provider_usage WHERE created_at >= $1 "
+            f"GROUP BY 1 ORDER BY 1", since)
+        return [{"key": row["key"], "calls": row["calls"], "tokens_in": int(row["tokens_in"]),
+                 "tokens_out": int(row["tokens_out"]),
+                 "tokens": int(row["tokens_in"]) + int(row["tokens_out"])} for row in rows]

@@ -1,0 +1,48 @@
+-- Several sliding-window logs admitted together or not at all (a provider call takes a
+-- request and its tokens at the same instant: taken one after the other, a request admitted
+-- in one window could go out in the next, beside that window's own).
+--
+-- KEYS[2i-1], KEYS[2i]  the log and its total of window i (all under one hash tag)
+-- ARGV[1]               number of windows n
+-- ARGV[2 + 3(i-1) ..]   per window: limit, window length µs, cost (0 = not counted)
+-- ARGV[2 + 3n]          unique id of this attempt
+-- ARGV[3 + 3n]          "now" in µs for simulated clocks; empty = Redis TIME
+-- Returns {admitted 1|0|-1 (a cost above its limit), wait µs, now µs} as strings.
+local n = tonumber(ARGV[1])
+local id = ARGV[2 + 3 * n]
+local now = clock(ARGV[3 + 3 * n])
+local windows = {}
+for i = 1, n do
+  local base = 2 + 3 * (i - 1)
+  local w = {key = KEYS[2 * i - 1], total = KEYS[2 * i], limit = tonumber(ARGV[base]),
+             span = tonumber(ARGV[base + 1]), cost = tonumber(ARGV[base + 2])}
+  if w.cost > w.limit then return {-1, '0', fmt(now)} end
+  w.member = id .. ':' .. fmt(w.cost)
+  windows[i] = w
+end
+-- A client retry of an attempt that already ran finds its entry: answer as before.
+for _, w in ipairs(windows) do
+  if w.cost > 0 and redis.call('ZSCORE', w.key, w.member) then return {1, '0', fmt(now)} end
+end
+local fits = true
+for _, w in ipairs(windows) do
+  if w.cost > 0 then
+    w.used = used_in(w.key, w.total, w.span, now)
+    if w.used + w.cost > w.limit then fits = false end
+  end
+end
+if fits then
+  for _, w in ipairs(windows) do
+    if w.cost > 0 then admit(w.key, w.total, w.member, w.used, w.cost, w.span, now) end
+  end
+  return {1, '0', fmt(now)}
+end
+local wait = 1
+for _, w in ipairs(windows) do
+  if w.cost > 0 then
+    keep_total(w.total, w.used)
+    local this = wait_for(w.key, w.used + w.cost - w.limit, w.span, now - w.span, now)
+    if this > wait then wait = this end
+  end
+end
+return {0, fmt(wait), fmt(now)}
