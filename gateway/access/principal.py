@@ -3,6 +3,7 @@ its scopes and topic patterns."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -37,10 +38,11 @@ class Principal:
         """The account (a token's ``sub``) that chats can be linked to."""
         return self.id if self.kind == "token" else None
 
-    @property
+    @functools.cached_property
     def owner(self) -> str:
         """The namespace of what this principal submits (job ids): the admin's is the
-        global one; a key's and an account's are their own."""
+        global one; a key's and an account's are their own. Computed once per principal
+        (a verified token's principal is cached, so once per token)."""
         if self.is_admin:
             return ""
         if self.kind == "apikey":
