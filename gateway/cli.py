@@ -20,6 +20,7 @@ TARGETS: dict[str, str] = {
     "worker": "gateway.app.worker:main",
     "listen": "gateway.app.listen:main",
     "recover": "gateway.pipeline.reset:main",
+    "reembed": "gateway.knowledge.reembed:main",
     "deadletter": "gateway.pipeline.deadletter:main",
     "sign": "gateway.inbound.webhooks:main_sign",
     "telegram": "gateway.inbound.telegram:main_set_webhook",
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset", action="store_true",
                    help="after restoring PostgreSQL from a backup (maintenance on): rebuild "
                         "the pipeline's Redis state from the journal")
+
+    sub.add_parser("reembed", help="after the embedder changed: run the embed stage again "
+                   "for items whose vectors another embedder made")
 
     p = sub.add_parser("apikey", help="API keys: create (printed once), list, revoke")
     actions = p.add_subparsers(dest="apikey_action", required=True)

@@ -1,34 +1,123 @@
-"""Deterministic hashed embeddings (feature hashing): no model, no network, same vector for
-the same text on every machine, good enough to rank chunks by shared vocabulary."""
+"""Embedders: texts to unit vectors, the same one for chunks and for search queries.
+
+``[pipeline] embedder = "local"`` (the default) is wordllama's ``l2_supercat`` model: 256
+dimensions of average-pooled token embeddings whose weights and tokenizer ship inside the
+wheel, so nothing is downloaded at run time. It is loaded once per process, on first use, and
+runs on one dedicated thread: a document's chunks take a few milliseconds the event loop
+should not wait for, and one thread keeps the tokenizer out of concurrent use.
+``"<provider>:<model>"`` calls a provider (``gateway.knowledge.remote``).
+
+Every vector is L2-normalised (a dot product is the cosine) and recorded under its model id,
+``<embedder>@<dimensions>``: vectors of two ids are never compared.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import math
+import asyncio
 import re
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
 
-DIMENSIONS = 256
-_WORD = re.compile(r"\w+", re.UNICODE)
+import numpy as np
 
+from gateway.config import ConfigError
 
-def tokens(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
-
-
-def embed(text: str, dimensions: int = DIMENSIONS) -> list[float]:
-    """Signed feature hashing of words and word bigrams, L2-normalised (so a dot product is
-    the cosine similarity). An empty text gives the zero vector."""
-    vector = [0.0] * dimensions
-    words = tokens(text)
-    features = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
-    for feature in features:
-        digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
-        value = int.from_bytes(digest, "little")
-        vector[value % dimensions] += 1.0 if (value >> 63) & 1 else -1.0
-    norm = math.sqrt(sum(v * v for v in vector))
-    return [v / norm for v in vector] if norm else vector
+LOCAL = "local"
+LOCAL_MODEL = "l2_supercat"
+LOCAL_DIMENSIONS = 256
+# Model ids are written into SQL as literals (partial-index predicates must be constants).
+_MODEL_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,200}@[0-9]{1,6}$")
 
 
-def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
+class Embedder(Protocol):
+    """``name`` is what ``[pipeline] embedder`` says; ``embed`` returns one unit row per
+    text (float32, shape ``(len(texts), dimensions)``)."""
+
+    name: str
+
+    async def embed(self, texts: Sequence[str], **usage: Any) -> np.ndarray: ...
+
+
+def model_id(name: str, dimensions: int) -> str:
+    value = f"{name}@{dimensions}"
+    if not _MODEL_ID.match(value):
+        raise ValueError(f"embedder name {name!r} has characters outside [A-Za-z0-9_.:/+-]")
+    return value
+
+
+def normalise(rows: np.ndarray) -> np.ndarray:
+    """Unit rows; a row of zeros (an empty text) stays zeros instead of becoming NaN."""
+    rows = np.asarray(rows, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
+
+
+class LocalEmbedder:
+    """wordllama from the package's own folder (``disable_download``: an offline load that
+    fails loudly rather than fetching anything)."""
+
+    name = f"{LOCAL}:{LOCAL_MODEL}"
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                import wordllama
+
+                folder = Path(wordllama.__file__).parent
+                self._model = wordllama.WordLlama.load(
+                    config=LOCAL_MODEL, dim=LOCAL_DIMENSIONS, cache_dir=folder,
+                    disable_download=True)
+            return self._model
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+        """On the calling thread (benchmarks, and the embed thread itself)."""
+        if not texts:
+            return np.zeros((0, LOCAL_DIMENSIONS), dtype=np.float32)
+        return normalise(self._load().embed(list(texts), norm=False))
+
+    async def embed(self, texts: Sequence[str], **usage: Any) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self.embed_now, list(texts))
+
+
+_local: LocalEmbedder | None = None
+
+
+def local() -> LocalEmbedder:
+    """The process's one local embedder (the model is loaded on its first call)."""
+    global _local
+    if _local is None:
+        _local = LocalEmbedder()
+    return _local
+
+
+def configured(settings: Any) -> str:
+    """``[pipeline] embedder``: "local" or "<provider>:<model>"."""
+    spec = settings.section("pipeline").get("embedder", LOCAL)
+    if not isinstance(spec, str) or not (spec == LOCAL or ":" in spec):
+        raise ConfigError("GATEWAY_CONFIG [pipeline].embedder",
+                          f"must be \"local\" or \"<provider>:<model>\" (got {spec!r})")
+    return spec
+
+
+def for_runtime(runtime: Any) -> Embedder:
+    """The configured embedder of this process."""
+    spec = configured(runtime.settings)
+    if spec == LOCAL:
+        return local()
+    raise ConfigError("GATEWAY_CONFIG [pipeline].embedder",
+                      f"{spec!r}: provider embedders are not available yet; use \"local\"")
+
+
+def configured_name(settings: Any) -> str:
+    """The name the configured embedder's vectors are recorded under (before ``@dims``)."""
+    spec = configured(settings)
+    return LocalEmbedder.name if spec == LOCAL else spec

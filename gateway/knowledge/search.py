@@ -1,8 +1,9 @@
 """Search over embedded chunks, with answers cached in redis-cache.
 
 Cache key: ``cache:<endpoint_hash>:<params_hash>`` where the params hash covers the query,
-the limit and the current *generation*. Writes that add chunks replace the generation (one
-SET: O(1) invalidation, no SCAN+DEL), which makes every older answer unreachable. The
+the limit, the configured embedder and the current *generation*. Writes that add chunks
+replace the generation (one SET: O(1) invalidation, no SCAN+DEL), which makes every older
+answer unreachable. The
 generation is a random token, not a counter: if redis-cache evicts it, a fresh random one is
 drawn, so a lost generation only causes misses and can never resurrect an old answer.
 """
@@ -15,7 +16,7 @@ import secrets
 from typing import Any
 
 from gateway import keys
-from gateway.knowledge import embedding
+from gateway.knowledge import embedding, vectors
 from gateway.pipeline import metrics
 from gateway.stores.redis import AnyRedis
 
@@ -27,20 +28,12 @@ MAX_QUERY = 500
 
 _ENDPOINT_HASH = hashlib.sha256(ENDPOINT.encode()).hexdigest()[:12]
 
-_RANK = """
-SELECT item_id, body,
-       (SELECT sum(a * b) FROM unnest(embedding, $1::float8[]) AS t(a, b)) AS score
-FROM pipeline_chunks WHERE embedding IS NOT NULL
-ORDER BY score DESC, item_id, seq LIMIT $2
-"""
-
-
 def generation_key() -> str:
     return keys.cache(_ENDPOINT_HASH, "generation")
 
 
-def answer_key(generation: str, query: str, limit: int) -> str:
-    params = json.dumps([generation, query, limit], separators=(",", ":"))
+def answer_key(generation: str, query: str, limit: int, embedder: str = "") -> str:
+    params = json.dumps([generation, query, limit, embedder], separators=(",", ":"))
     return keys.cache(_ENDPOINT_HASH, hashlib.sha256(params.encode()).hexdigest()[:32])
 
 
@@ -55,14 +48,17 @@ async def _generation(cache: AnyRedis) -> str:
     return str(value) if value else secrets.token_hex(8)
 
 
-async def rank(pg: Any, query: str, limit: int,
+async def rank(runtime: Any, query: str, limit: int,
                timeout: float | None = None) -> list[dict[str, Any]]:
-    """Chunks by cosine similarity to the query (vectors are unit length: dot product);
-    ``timeout`` cancels the statement on the server (asyncpg) past that many seconds."""
-    vector = embedding.embed(query)
-    if not any(vector):
+    """Chunks by cosine similarity to the query, embedded by the configured embedder and
+    compared only with that model's vectors; ``timeout`` cancels the statement on the
+    server (asyncpg) past that many seconds."""
+    embedder = embedding.for_runtime(runtime)
+    vector = (await embedder.embed([query], purpose="search"))[0]
+    if not vector.any():
         return []
-    rows = await pg.fetch(_RANK, vector, limit, timeout=timeout)
+    model = embedding.model_id(embedder.name, len(vector))
+    rows = await vectors.nearest(runtime, vector, model, limit, timeout)
     return [{"item_id": r["item_id"], "text": r["body"], "score": round(r["score"], 6)}
             for r in rows if r["score"] and r["score"] > 0]
 
@@ -73,7 +69,8 @@ async def search(runtime: Any, q: str, limit: int = 10,
     is down or full only costs the cached answer, never the search."""
     cache = runtime.cache
     try:
-        key = answer_key(await _generation(cache), q, limit)
+        key = answer_key(await _generation(cache), q, limit,
+                         embedding.configured(runtime.settings))
         cached = await cache.get(key)
     except Exception:
         key, cached = None, None
@@ -81,7 +78,7 @@ async def search(runtime: Any, q: str, limit: int = 10,
         metrics.SEARCH_CACHE.labels("hit").inc()
         return json.loads(cached)
     metrics.SEARCH_CACHE.labels("miss").inc()
-    results = await rank(runtime.pg, q, limit, timeout)
+    results = await rank(runtime, q, limit, timeout)
     if key is not None:
         try:
             await cache.set(key, json.dumps(results), ex=ANSWER_TTL)

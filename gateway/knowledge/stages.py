@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.knowledge import embedding, search
+from gateway.knowledge import embedding, search, vectors
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
 
 CHUNK_CHARS = 800
@@ -78,16 +78,20 @@ async def chunk(ctx: StageContext) -> None:
 
 
 async def embed(ctx: StageContext) -> None:
-    """Hashed embedding of every chunk; new chunks change search answers, so the search cache
-    generation moves on after the commit."""
+    """A vector per chunk from the configured embedder (all of a document's chunks in one
+    call), recorded with the model that made it; new vectors change search answers, so the
+    search cache generation moves on after the commit."""
     rows = await ctx.conn.fetch(
-        "SELECT seq, body FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
-    await ctx.conn.executemany(
-        "UPDATE pipeline_chunks SET embedding = $3 WHERE item_id = $1 AND seq = $2",
-        [(ctx.item_id, r["seq"], embedding.embed(r["body"])) for r in rows])
-    if rows:
-        cache = ctx.runtime.cache
-        ctx.after_commit.append(lambda: search.invalidate(cache))
+        "SELECT seq, body FROM pipeline_chunks WHERE item_id = $1 ORDER BY seq", ctx.item_id)
+    if not rows:
+        return
+    embedder = embedding.for_runtime(ctx.runtime)
+    found = await embedder.embed([r["body"] for r in rows], job=ctx.item_id)
+    model = embedding.model_id(embedder.name, found.shape[1])
+    await vectors.ensure_index(ctx.runtime, model, found.shape[1])
+    await vectors.write(ctx.conn, ctx.runtime, ctx.item_id, [r["seq"] for r in rows], found, model)
+    cache = ctx.runtime.cache
+    ctx.after_commit.append(lambda: search.invalidate(cache))
 
 
 def extract_edges(text: str) -> set[tuple[str, str]]:

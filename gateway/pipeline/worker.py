@@ -65,7 +65,7 @@ class WorkerConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
         tuned = positive_numbers(settings.section("pipeline"), _TUNABLE,
-                                 "GATEWAY_CONFIG [pipeline]", other=("handlers",))
+                                 "GATEWAY_CONFIG [pipeline]", other=("handlers", "embedder"))
         return cls(lease=settings.lease_seconds, heartbeat=settings.heartbeat_seconds,
                    reclaim_interval=settings.reclaim_seconds,
                    max_reclaims=settings.max_reclaims, max_failures=settings.max_failures,

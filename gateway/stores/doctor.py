@@ -154,6 +154,8 @@ async def check_postgres(dsn: str) -> list[Check]:
     try:
         version = await conn.fetchval("SHOW server_version")
         missing = await migrate.pending(conn)
+        vectors = None if missing else await conn.fetchrow(_VECTORS)
+        embedders = [] if missing else await conn.fetch(_EMBEDDERS)
     finally:
         await conn.close()
     checks = [Check("ok", subject, f"reachable, PostgreSQL {version}")]
@@ -161,9 +163,41 @@ async def check_postgres(dsn: str) -> list[Check]:
         names = ", ".join(f"{m.version:04d}_{m.name}" for m in missing)
         checks.append(Check("fail", subject,
                             f"schema behind: {names} pending; run gateway migrate"))
-    else:
-        checks.append(Check("ok", subject, "schema current"))
+        return checks
+    checks.append(Check("ok", subject, "schema current"))
+    checks.append(vector_check(vectors))
+    if len(embedders) > 1:
+        found = ", ".join(f"{r['embedder']}: {r['chunks']}" for r in embedders)
+        checks.append(Check("warn", "search", f"chunk vectors of {len(embedders)} embedders "
+                            f"({found}): search reads only the configured one's; "
+                            "gateway reembed re-embeds the others"))
     return checks
+
+
+_VECTORS = """
+SELECT format_type(a.atttypid, a.atttypmod) AS type,
+       (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS installed,
+       (SELECT default_version FROM pg_available_extensions WHERE name = 'vector') AS available
+FROM pg_attribute a
+WHERE a.attrelid = 'pipeline_chunks'::regclass AND a.attname = 'embedding'
+"""
+_EMBEDDERS = """
+SELECT embedder, count(*) AS chunks FROM pipeline_chunks
+WHERE embedder IS NOT NULL GROUP BY embedder ORDER BY embedder
+"""
+
+
+def vector_check(row: Any) -> Check:
+    """Which search the database gives: pgvector's HNSW indexes or a scan of every chunk."""
+    if row["type"] == "vector":
+        return Check("ok", "search", f"pgvector {row['installed']}: HNSW index per embedder "
+                     "(cosine)")
+    if row["available"]:
+        return Check("warn", "search", f"pgvector {row['available']} is available but unused "
+                     "(gateway.pgvector = off or no privilege when migrating): search scans "
+                     "every chunk; docs/architecture.md §8 says how to switch")
+    return Check("warn", "search", "no pgvector extension on this server: search scans "
+                 "every chunk; install the server's pgvector package (docs/architecture.md §8)")
 
 
 async def _redis_checks(url: str | None, variable: str, role: str,

@@ -7,23 +7,12 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 
 from gateway.knowledge import search
-from gateway.knowledge.stages import chunk, embed, store
-from gateway.pipeline.handlers import StageContext
 from gateway.web.app import create_app
+from tests.knowledge.indexing import index as _index
 
 
 def _app(runtime) -> web.Application:
     return create_app(runtime, components=("gateway.web.health", "gateway.web.search"))
-
-
-async def _index(runtime, item_id: str, text: str) -> None:
-    """Run store, chunk and embed for one document, as the workers would."""
-    for handler, doc in ((store, {"text": text}), (chunk, None), (embed, None)):
-        async with runtime.pg.acquire() as conn, conn.transaction():
-            ctx = StageContext(item_id, handler.__name__, "normal", "other", doc, conn, runtime)
-            await handler(ctx)
-        for callback in ctx.after_commit:
-            await callback()
 
 
 async def test_search_ranks_by_cosine_and_caches(runtime, make_client):

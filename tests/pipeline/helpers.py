@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.app.worker import run_workers
 from gateway.pipeline import queue
 from gateway.pipeline.queue import add_call
 from gateway.pipeline.scripts import scripts_for
+from gateway.pipeline.worker import WorkerConfig
+
+FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
+                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
+
+
+@contextlib.asynccontextmanager
+async def workers(runtime: Any) -> AsyncIterator[None]:
+    """Every stage's workers (fast timings) running for the block; stopped and waited for
+    (10 s at most) when it ends."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 async def queue_add(pipe: Any, item_id: str, document: dict[str, Any], *,

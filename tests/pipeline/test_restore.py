@@ -6,36 +6,18 @@ and the feed are what the backup held, and the feed's offsets go on from there."
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from gateway.app.worker import run_workers
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.pipeline import queue
 from gateway.pipeline.stages import STAGES
-from gateway.pipeline.worker import WorkerConfig
 from gateway.stores import embedded
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
 from tests.helpers import gateway_cli, wait_until
-
-FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
-                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
-
-
-@contextlib.asynccontextmanager
-async def workers(runtime: Runtime) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+from tests.pipeline.helpers import workers
 
 
 async def graphs(runtime: Runtime) -> int:

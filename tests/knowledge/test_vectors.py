@@ -1,0 +1,140 @@
+"""Vectors and search on both layouts: pgvector with HNSW (the embedded server) and the
+float8[] scan (a database migrated with ``gateway.pgvector = off``), the local model's
+ranking, an embedder change, the doctor's line."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from gateway.knowledge import embedding, reembed, search, vectors
+from gateway.pipeline import queue
+from gateway.stores import doctor
+from tests.helpers import wait_until
+from tests.knowledge.indexing import index
+from tests.pipeline.helpers import workers
+
+# Each query shares words with its distractor and none (or fewer) with its target, which
+# means the same thing in other words.
+CORPUS = {
+    "physicians": "Physicians care for people who are ill in hospitals.",
+    "teacher": "A patient teacher treats a class of students kindly.",
+    "washer": "Replace the worn washer to stop the faucet dripping.",
+    "paint": "How to paint a kitchen wall in a weekend, in the modern style.",
+    "weather": "Rain is expected tomorrow across the north of the country.",
+}
+QUERIES = {"a doctor treats sick patients": ("physicians", "teacher"),
+           "how to fix a leaking tap in the kitchen": ("washer", "paint")}
+
+
+def _overlap_best(query: str) -> str:
+    words = lambda text: set(re.findall(r"\w+", text.lower()))  # noqa: E731
+    return max(CORPUS, key=lambda k: len(words(query) & words(CORPUS[k]))
+               / len(words(query) | words(CORPUS[k])))
+
+
+@pytest.fixture(params=["pgvector", "scan"])
+async def any_runtime(request, runtime, scan_runtime):  # type: ignore[no-untyped-def]
+    rt = runtime if request.param == "pgvector" else scan_runtime
+    if (await vectors.layout(rt)).pgvector != (request.param == "pgvector"):
+        pytest.skip(f"the test database is not the {request.param} layout")
+    return rt
+
+
+async def test_search_ranks_the_closest_meaning_first(any_runtime) -> None:
+    for item_id, text in CORPUS.items():
+        await index(any_runtime, item_id, text)
+    for query, (target, distractor) in QUERIES.items():
+        assert _overlap_best(query) == distractor  # word overlap would pick the other
+        results = await search.search(any_runtime, query, limit=3)
+        assert results[0]["item_id"] == target, (query, results)
+    model = await any_runtime.pg.fetchval("SELECT DISTINCT embedder FROM pipeline_chunks")
+    assert model == "local:l2_supercat@256"
+
+
+def _seeded(count: int, dims: int, seed: int) -> np.ndarray:
+    """Clustered unit vectors (as text embeddings are), reproducible."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(count // 50, dims))
+    rows = centres[rng.integers(0, len(centres), count)] + 0.6 * rng.normal(size=(count, dims))
+    return embedding.normalise(rows)
+
+
+async def _load(rt, model: str, rows: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+    as_column = (await vectors.layout(rt)).pgvector
+    await rt.pg.copy_records_to_table(
+        "pipeline_chunks", columns=["item_id", "seq", "body", "embedding", "embedder"],
+        records=[(f"v{i}", 0, f"row {i}", row if as_column else row.tolist(), model)
+                 for i, row in enumerate(rows)])
+
+
+async def test_hnsw_and_scan_agree_on_top_k(runtime, scan_runtime) -> None:
+    if not (await vectors.layout(runtime)).pgvector:
+        pytest.skip("the test database has no pgvector")
+    model, dims, k = "test:seeded@64", 64, 10
+    corpus = _seeded(3000, dims, seed=7)
+    for rt in (runtime, scan_runtime):
+        await _load(rt, model, corpus)
+    await vectors.ensure_index(runtime, model, dims)
+    plan = "\n".join(r[0] for r in await runtime.pg.fetch(
+        "EXPLAIN " + vectors.nearest_sql(True, model, dims), corpus[0].tolist(), k))
+    assert vectors.index_name(model) in plan  # an index walk, not an exact sort
+    noise = np.random.default_rng(8).normal(size=(40, dims)) / np.sqrt(dims)
+    queries = embedding.normalise(corpus[:40] + 0.5 * noise)
+    agreed = 0
+    for query in queries:
+        hnsw = await vectors.nearest(runtime, query, model, k)
+        scan = await vectors.nearest(scan_runtime, query, model, k)
+        assert hnsw[0]["item_id"] == scan[0]["item_id"]
+        assert [round(r["score"], 4) for r in hnsw][:1] == [round(r["score"], 4)
+                                                            for r in scan][:1]
+        agreed += [r["item_id"] for r in hnsw] == [r["item_id"] for r in scan]
+    assert agreed >= 0.95 * len(queries), f"top-{k} equal for {agreed} of {len(queries)}"
+
+
+async def _finished(rt, count: int) -> bool:  # type: ignore[no-untyped-def]
+    done = await rt.pg.fetchval("SELECT count(*) FROM pipeline_journal WHERE stage = 'graph'")
+    return bool(done == count)
+
+
+async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime) -> None:
+    for item_id in ("physicians", "weather"):
+        await queue.enqueue(runtime.durable, item_id, {"text": CORPUS[item_id]})
+    async with workers(runtime):
+        await wait_until(lambda: _finished(runtime, 2), timeout=20, message="2 items done")
+        # "weather" as an earlier embedder left it, with the query's own vector: a perfect
+        # match, if vectors of two models were compared.
+        query = "a doctor treats sick patients"
+        vector = (await embedding.local().embed([query]))[0]
+        cast = (await vectors.layout(runtime)).cast
+        await runtime.pg.execute(f"UPDATE pipeline_chunks SET embedding = $1{cast}, "
+                                 "embedder = 'hashing@256' WHERE item_id = 'weather'",
+                                 vector.tolist())
+        await search.invalidate(runtime.cache)
+        found = [r["item_id"] for r in await search.search(runtime, query)]
+        assert found == ["physicians"]
+        lines = [c for c in await doctor.check_postgres(runtime.settings.database_url)
+                 if c.status == "warn" and "2 embedders" in c.message]
+        assert lines and "hashing@256: 1" in lines[0].message
+
+        report = await reembed.reembed(runtime)
+        assert (report.requeued, report.present) == (1, 0)
+        await wait_until(lambda: _finished(runtime, 2), timeout=20, message="re-embedded")
+    assert await runtime.pg.fetchval(
+        "SELECT array_agg(DISTINCT embedder) FROM pipeline_chunks") == ["local:l2_supercat@256"]
+    await search.invalidate(runtime.cache)
+    assert {r["item_id"] for r in await search.search(runtime, "rain in the north")} >= {
+        "weather"}
+    assert (await reembed.reembed(runtime)).requeued == 0  # nothing stale is left
+
+
+async def test_doctor_says_which_search(runtime, scan_runtime) -> None:
+    main = {c.status: c.message for c in await doctor.check_postgres(
+        runtime.settings.database_url) if c.subject == "search"}
+    if (await vectors.layout(runtime)).pgvector:
+        assert list(main) == ["ok"] and re.match(r"pgvector \d+\.\d+", main["ok"])
+    scan = [(c.status, c.message) for c in await doctor.check_postgres(
+        scan_runtime.settings.database_url) if c.subject == "search"]
+    assert len(scan) == 1 and scan[0][0] == "warn" and "scans every chunk" in scan[0][1]
