@@ -51,6 +51,7 @@ Wiring the gateway to it (``provider_tables`` builds the ``[providers.*]`` table
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -186,9 +187,7 @@ class FakeOpenAI(FakeServer):
         token = header[len("Bearer "):] if header.startswith("Bearer ") else None
         self.record(path, params, request, token=token)
         fault = self.take_fault(path)
-        wait = max(self.delay, fault.delay if fault is not None else 0.0)
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await self._pause(max(self.delay, fault.delay if fault is not None else 0.0))
         if self.api_key is not None and token != self.api_key:
             return params, _error(401, "invalid_api_key", "Incorrect API key provided")
         if fault is not None and fault.status:
@@ -197,6 +196,14 @@ class FakeOpenAI(FakeServer):
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return params, _error(400, "invalid_request_error", "model is required")
         return params, None
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the fake is closing (so closing never waits on it)."""
+        if seconds <= 0 or self._closing is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._closing.wait()
 
     def _begin(self) -> None:
         self.in_flight += 1
@@ -269,8 +276,7 @@ class FakeOpenAI(FakeServer):
                 assert request.transport is not None
                 request.transport.close()  # mid-stream failure: no [DONE]
                 return response
-            if self.chunk_delay:
-                await asyncio.sleep(self.chunk_delay)
+            await self._pause(self.chunk_delay)
             await _send(response, {**base, "choices": [{"index": 0,
                                                         "delta": {"content": piece}}]})
         await _send(response, {**base, "choices": [{"index": 0, "delta": {},

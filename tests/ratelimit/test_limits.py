@@ -92,3 +92,25 @@ async def test_provider_budget_counts_requests_tokens_and_concurrency(
     with pytest.raises(KeyError):
         async with providers.call("unknown"):
             pass
+
+
+async def test_a_provider_call_takes_request_and_tokens_together_and_settles_its_tokens(
+        runtime: Runtime) -> None:
+    limiter = Limiter(runtime.durable)
+    providers = Providers(limiter, {"p": ProviderLimits(10, 100, 5, window_seconds=60.0)})
+    async with providers.call("p", tokens=60) as ticket:
+        await ticket.settle(40)  # the provider counted 40 of the 60 estimated
+    total = group_key("provider:p", "tokens") + ":total"
+    assert await runtime.durable.get(total) == "40"
+    tokens = Window("tokens", 100, 60.0, 60)
+    requests = Window("requests", 10, 60.0, 1)
+    # 60 more tokens fit only because 20 were given back.
+    assert (await limiter.check_all("provider:p", [requests, tokens], attempt="a")).admitted
+    # Neither window is charged when one refuses: the request count stays at 2.
+    refused = await limiter.check_all("provider:p", [requests, tokens], attempt="b")
+    assert not refused.admitted and refused.wait > 50
+    assert await runtime.durable.get(group_key("provider:p", "requests") + ":total") == "2"
+    assert await runtime.durable.get(total) == "100"
+    # Settling above the estimate charges the difference (later calls wait for it).
+    assert await limiter.amend("provider:p", Window("tokens", 100, 60.0, 60), "a", 90)
+    assert await runtime.durable.get(total) == "130"

@@ -1,0 +1,67 @@
+"""Budgets are sums over today's usage rows: calls stop at each limit (chat, account, total)
+with ``OverBudget``, nothing reaching the provider; every call that ran is one row."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.providers import Chain, Charge, OverBudget
+from gateway.stores.runtime import Runtime
+from tests.fakes.openai import FakeOpenAI
+from tests.providers.conftest import MakeProviders
+
+HELLO = [{"role": "user", "content": "one two three four"}]  # 4 tokens in
+# The fake replies "echo: one two three four": 5 tokens out, so each call is 9 tokens.
+PER_CALL = 9
+
+
+async def calls_until_over(chain: Chain, charge: Charge) -> tuple[int, OverBudget]:
+    for made in range(100):
+        try:
+            await chain.chat("m", HELLO, charge=charge)
+        except OverBudget as over:
+            return made, over
+    raise AssertionError("never over budget")
+
+
+async def test_budgets_stop_calls_at_each_limit(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    chain = make_providers(("a", fake_openai), budgets={
+        "daily_tokens_per_chat": 30, "daily_tokens_per_account": 50,
+        "daily_tokens": 80}).chain(["a"])
+    # Chat budget 30: calls at 0, 9, 18, 27 tokens used run; at 36 the chat is over.
+    made, over = await calls_until_over(chain, Charge(chat="tg:1", account="alice"))
+    assert made == 4 and over.budget.scope == "chat" and over.budget.used == 36
+    # Alice's other chat: her account reaches 50 after two more (36, 45 run; 54 stops).
+    made, over = await calls_until_over(chain, Charge(chat="tg:2", account="alice"))
+    assert made == 2 and (over.budget.scope, over.budget.used) == ("account", 54)
+    # Anyone: the total reaches 80 after 3 more (54, 63, 72 run; 81 stops), embeddings too.
+    made, over = await calls_until_over(chain, Charge(chat="tg:3", account="bob"))
+    assert made == 3 and (over.budget.scope, over.budget.limit) == ("total", 80)
+    with pytest.raises(OverBudget):
+        await chain.embeddings("e", ["x"], charge=Charge(job="job-1"))
+
+    rows = await runtime.pg.fetch(
+        "SELECT chat_key, account, tokens_in, tokens_out FROM provider_usage ORDER BY id")
+    assert len(rows) == 9 == len(fake_openai.calls_to("chat"))  # refused calls sent nothing
+    assert fake_openai.calls_to("embeddings") == []
+    assert {(r["tokens_in"], r["tokens_out"]) for r in rows} == {(4, 5)}
+    assert [r["chat_key"] for r in rows] == ["tg:1"] * 4 + ["tg:2"] * 2 + ["tg:3"] * 3
+
+
+async def test_rows_name_provider_model_and_charge_and_no_budget_means_no_limit(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    chain = make_providers(("a", fake_openai)).chain(["a"])
+    await chain.embeddings("embed-1", ["some words here"], charge=Charge(job="item-7"))
+    stream = chain.stream_chat("chat-1", HELLO, charge=Charge(chat="sl:C1", account="carol"))
+    assert "".join([d async for d in stream]) == "echo: one two three four"
+    rows = [dict(r) for r in await runtime.pg.fetch(
+        "SELECT provider, model, kind, tokens_in, tokens_out, estimated, chat_key, job_id,"
+        " account FROM provider_usage ORDER BY id")]
+    assert rows == [
+        {"provider": "a", "model": "embed-1", "kind": "embeddings", "tokens_in": 3,
+         "tokens_out": 0, "estimated": False, "chat_key": None, "job_id": "item-7",
+         "account": None},
+        {"provider": "a", "model": "chat-1", "kind": "chat", "tokens_in": 4, "tokens_out": 5,
+         "estimated": False, "chat_key": "sl:C1", "job_id": None, "account": "carol"},
+    ]
