@@ -97,7 +97,7 @@ async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int) 
 
 async def _reset(runtime: Any) -> None:
     await runtime.durable.flushall()
-    await runtime.pg.execute("TRUNCATE pipeline_journal, feed, feed_topics")
+    await runtime.pg.execute("TRUNCATE pipeline_journal, feed, feed_topics, feed_pending")
 
 
 async def run_bare(url: str, n: int, concurrency: int, batch: int = 1) -> float:

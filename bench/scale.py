@@ -145,7 +145,7 @@ async def _reset(stores: Stores) -> None:
 
     conn = await asyncpg.connect(stores.database_url)
     await conn.execute("TRUNCATE pipeline_journal, pipeline_documents, pipeline_chunks, "
-                       "pipeline_edges, feed, feed_topics")
+                       "pipeline_edges, feed, feed_topics, feed_pending")
     await conn.close()
 
 

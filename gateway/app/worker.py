@@ -1,5 +1,5 @@
 """``gateway worker`` and the workers ``gateway dev`` runs in-process: one ``StageWorker``
-per stage plus the periodic RECLAIM, until the stop event (SIGTERM/SIGINT)."""
+per stage plus the periodic RECLAIM and the feed sweep, until the stop event (SIGTERM/SIGINT)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gateway.pipeline.handlers import Handler, load_handlers
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import refresh_depth_gauges
 from gateway.pipeline.worker import StageWorker, WorkerConfig, run_together
+from gateway.push.sequencer import Sequencer
 from gateway.stores.runtime import Runtime, open_runtime
 
 log = logging.getLogger("gateway.pipeline")
@@ -46,9 +47,12 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
                       handlers: dict[str, Handler] | None = None) -> None:
     config = config or WorkerConfig.from_settings(runtime.settings)
     handlers = handlers or load_handlers(runtime.settings.section("pipeline"), DEFAULTS)
-    tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config)
+    sequencer = Sequencer(runtime.pg, runtime.cache)  # one numbering pass for every stage
+    tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config,
+                                             sequencer=sequencer)
                                  .run(stop, concurrency)) for stage in stages]
     tasks.append(asyncio.create_task(reclaim_loop(runtime, stop, config)))
+    tasks.append(asyncio.create_task(sequencer.run_sweeper(stop)))
     await run_together(tasks)
 
 

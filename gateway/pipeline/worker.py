@@ -1,11 +1,12 @@
 """Pipeline workers: fetch an item, heartbeat while its handler runs, journal + complete, or
 fail; on stop, finish in-flight items (or release them after a grace period).
 
-Ordering per item: handler results, the journal row and the feed row commit in one
-PostgreSQL transaction; only then COMPLETE acknowledges in Redis, and the feed signal is
-published. A crash between the commit and COMPLETE leaves the item leased; RECLAIM returns
-it, the next worker finds its journal row and acknowledges without running the handler
-again, so each stage's effects happen once.
+Ordering per item: handler results, the journal row and the feed row (pending, without
+its offset) commit in one PostgreSQL transaction; then the process's ``Sequencer`` numbers
+and signals the feed row, and only then COMPLETE acknowledges in Redis. A crash between the
+commit and COMPLETE leaves the item leased; RECLAIM returns it, the next worker finds its
+journal row and acknowledges without running the handler again, so each stage's effects
+happen once; a feed row left pending is numbered by the next pass or a sweep.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.pipeline import metrics, queue
 from gateway.pipeline.handlers import Handler, PermanentError, StageContext
 from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
 from gateway.push import feed
+from gateway.push.sequencer import Sequencer
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -103,15 +105,17 @@ def worker_id() -> str:
 class StageWorker:
     """Runs ``concurrency`` loops for one stage in one process. Each loop leases up to
     ``config.batch`` items at once and commits their handlers' writes, journal rows and feed
-    rows in one transaction (group commit: one fsync for the batch)."""
+    rows in one transaction (group commit: one fsync for the batch). The stages of one
+    process share ``sequencer``, so one numbering pass covers the feed rows of all."""
 
     def __init__(self, runtime: Any, stage: str, handler: Handler, config: WorkerConfig,
-                 *, name: str | None = None) -> None:
+                 *, name: str | None = None, sequencer: Sequencer | None = None) -> None:
         self.runtime = runtime
         self.stage = stage
         self.handler = handler
         self.config = config
         self.name = name or worker_id()
+        self.sequencer = sequencer or Sequencer(runtime.pg, runtime.cache)
 
     async def run(self, stop: asyncio.Event, concurrency: int) -> None:
         await run_together([asyncio.create_task(self._loop(stop)) for _ in range(concurrency)])
@@ -156,7 +160,7 @@ class StageWorker:
         beat = asyncio.create_task(self._heartbeat(leases, work))
         stopper = asyncio.create_task(self._grace(stop, work)) if stop else None
         try:
-            errors, rows, callbacks = await work
+            errors, written, callbacks = await work
         except asyncio.CancelledError:
             if work.cancelled() and not _current_cancelled():
                 await self._release(leases)
@@ -164,7 +168,7 @@ class StageWorker:
             raise
         except Exception as exc:  # the transaction itself failed: nothing committed
             errors = {lease.item_id: exc for lease in leases}
-            rows, callbacks = [], []
+            written, callbacks = 0, []
         finally:
             beat.cancel()
             if stopper:
@@ -174,9 +178,10 @@ class StageWorker:
         # others do; the first Redis error is raised at the end (the loop backs off, and
         # RECLAIM returns what could not be acknowledged).
         redis_errors: list[Exception] = []
-        # COMPLETE and the signals are independent of each other: two stores, one wait.
+        if written:  # numbered before COMPLETE: an acknowledged item's feed row is readable
+            await self._sequence()
         try:
-            await asyncio.gather(self._complete(done), self._publish(rows))
+            await self._complete(done)
         except Exception as exc:
             redis_errors.append(exc)
         outage = [lease for lease in leases if _is_outage(errors.get(lease.item_id))]
@@ -198,31 +203,30 @@ class StageWorker:
             raise redis_errors[0]
 
     async def _run(self, leases: list[queue.LeasedItem]) -> tuple[
-            dict[str, BaseException], list[feed.FeedRow], list[Any]]:
+            dict[str, BaseException], int, list[Any]]:
         """The whole batch in one transaction; if any handler fails, the batch is rolled
         back and redone one item per transaction, so one bad item holds back no other."""
         try:
-            rows, callbacks = await self._transaction(leases)
-            return {}, rows, callbacks
+            written, callbacks = await self._transaction(leases)
+            return {}, written, callbacks
         except Exception as exc:
             if len(leases) == 1 or _is_outage(exc):  # a store outage fails every item alike
-                return dict.fromkeys((lease.item_id for lease in leases), exc), [], []
+                return dict.fromkeys((lease.item_id for lease in leases), exc), 0, []
             log.info("%s: batch of %d rolled back (%s: %s); one item per transaction",
                      self.stage, len(leases), type(exc).__name__, exc)
         errors: dict[str, BaseException] = {}
-        rows, callbacks = [], []
+        written, callbacks = 0, []
         for lease in leases:
             try:
-                one_rows, one_callbacks = await self._transaction([lease])
+                one_written, one_callbacks = await self._transaction([lease])
             except Exception as exc:
                 errors[lease.item_id] = exc
                 continue
-            rows += one_rows
+            written += one_written
             callbacks += one_callbacks
-        return errors, rows, callbacks
+        return errors, written, callbacks
 
-    async def _transaction(self, leases: list[queue.LeasedItem]) -> tuple[
-            list[feed.FeedRow], list[Any]]:
+    async def _transaction(self, leases: list[queue.LeasedItem]) -> tuple[int, list[Any]]:
         names = [(_PRIORITY_NAME.get(int(lease.priority_base), "normal"),
                   _TYPE_NAME.get(int(lease.bonus), "other")) for lease in leases]
         callbacks: list[Any] = []
@@ -250,17 +254,21 @@ class StageWorker:
                 metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
                 callbacks += ctx.after_commit
                 done.append(lease)
-            # Feed rows last, one statement for the batch: appending locks the topic's
-            # counter row until the commit, so the locked section is this round trip + commit.
-            rows = await feed.append_many(conn, FEED_TOPIC, [
+            # Feed rows without offsets, one statement for the batch: nothing shared is
+            # locked, so the loops and processes of every stage commit side by side.
+            written = await feed.append_pending(conn, FEED_TOPIC, [
                 (self.stage, {"item_id": lease.item_id, "stage": self.stage})
                 for lease in done])
-        return rows, callbacks
+        return written, callbacks
 
-    async def _publish(self, rows: list[feed.FeedRow]) -> None:
-        """Feed signals of committed rows, in one round trip, behind the same guard as every
-        signal (bounded wait, skipped for a second after a failure; only logged)."""
-        await feed.publish_many(self.runtime.cache, rows)
+    async def _sequence(self) -> None:
+        """Number and signal the committed feed rows (with whatever other loops committed
+        meanwhile). A failure only delays them: they stay pending for the next pass or the
+        sweep, and the commit stands, so the items are still acknowledged."""
+        try:
+            await self.sequencer.sequence(FEED_TOPIC)
+        except Exception as exc:
+            log.warning("%s: feed rows left pending for the sweep: %s", self.stage, exc)
 
     async def _new_runs(self, conn: asyncpg.Connection,
                         held: list[tuple[queue.LeasedItem, tuple[str, str]]]) -> set[str]:

@@ -1,10 +1,15 @@
 """The durable feed: append rows inside the writer's transaction, signal them
 after the commit, read them back by offset.
 
-Offsets are allocated by a per-topic counter row (``feed_topics``) that the append
-row-locks until the caller commits, so two writers to one topic commit in offset order and a
-poller reading ``offset > N`` never sees N+2 before N+1. Callers should append as the last
-statement of their transaction: the topic stays locked until it commits.
+Two ways to append. ``append``/``append_many`` allocate the offset in the writer's
+transaction from a per-topic counter row (``feed_topics``) that stays row-locked until the
+caller commits, so commit order is offset order; a second writer of the topic waits, which
+suits topics written one writer at a time (a conversation, already serialised on its own
+row). ``append_pending`` writes the rows without offsets and locks nothing shared; after the
+commit, ``gateway.push.sequencer`` numbers every committed pending row of the topic in one
+short transaction (``feed_number``, migration 0011) and signals them: the way for a topic
+that many writers share (``pipeline``). Either way a poller reading ``offset > N`` never
+sees N+2 before N+1.
 """
 
 from __future__ import annotations
@@ -99,11 +104,59 @@ async def append_many(conn: asyncpg.Connection, topic: str,
         _check_row(kind, payload)
     records = await conn.fetch(
         _APPEND_MANY, topic, len(rows), [kind for kind, _ in rows],
-        [json.dumps(payload, separators=(",", ":")) for _, payload in rows])
+        [_compact(payload) for _, payload in rows])
     records = sorted(records, key=lambda r: r["offset"])
     assert len(records) == len(rows)
     return [FeedRow(topic, r["offset"], r["epoch"], kind, payload, r["created_at"])
             for r, (kind, payload) in zip(records, rows, strict=True)]
+
+
+_APPEND_PENDING = """
+INSERT INTO feed_pending (topic, kind, payload)
+SELECT $1, r.kind, r.payload::jsonb FROM unnest($2::text[], $3::text[]) AS r(kind, payload)
+"""
+
+
+async def append_pending(conn: asyncpg.Connection, topic: str,
+                         rows: list[tuple[str, dict[str, Any]]]) -> int:
+    """Append ``rows`` (kind, payload) in the caller's open transaction *without* offsets:
+    nothing shared is locked, so writers of a busy topic commit side by side. After the
+    commit, :meth:`gateway.push.sequencer.Sequencer.sequence` numbers them (in the order
+    given, other writers' rows perhaps in between) and signals them; returns how many rows
+    were written."""
+    check_topic(topic)
+    for kind, payload in rows:
+        _check_row(kind, payload)
+    if not rows:
+        return 0
+    await conn.execute(_APPEND_PENDING, topic, [kind for kind, _ in rows],
+                       [_compact(payload) for _, payload in rows])
+    return len(rows)
+
+
+def _compact(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"))
+
+
+async def number_pending(conn: asyncpg.Pool | asyncpg.Connection, topic: str,
+                         limit: int) -> list[FeedRow]:
+    """Give at most ``limit`` committed pending rows of ``topic`` the next offsets, in one
+    transaction of their own (the caller must not be inside one: the topic's numbering
+    lock lasts until that transaction ends); returns the rows made, in offset order."""
+    records = await conn.fetch("SELECT * FROM feed_number($1, $2)", topic, limit)
+    return sorted((FeedRow(topic, r["feed_offset"], r["feed_epoch"], r["feed_kind"],
+                           r["feed_payload"], r["feed_created_at"]) for r in records),
+                  key=lambda row: row.offset)
+
+
+async def pending_topics(pool: asyncpg.Pool | asyncpg.Connection,
+                         older_than_seconds: float) -> list[str]:
+    """Topics with a pending row older than this: rows whose writer did not number them
+    (it died after its commit, or PostgreSQL failed it in between)."""
+    return [r["topic"] for r in await pool.fetch(
+        "SELECT DISTINCT topic FROM feed_pending"
+        " WHERE created_at < clock_timestamp() - make_interval(secs => $1)",
+        float(older_than_seconds))]
 
 
 async def publish(cache: AnyRedis, row: FeedRow) -> None:

@@ -14,3 +14,6 @@ SIGNALS = Counter("gateway_push_signals_total", "PUBLISH of push signals, by res
 SIGNALS_UP = Gauge("gateway_push_signals_up", "1 while the push subscriber is connected")
 FEED_READS = Counter("gateway_push_feed_reads_total",
                      "feed reads by the hub, by cause", ["cause"])
+FEED_SWEPT = Counter("gateway_push_feed_swept_total",
+                     "pending feed rows numbered by the sweep: their writer stopped after"
+                     " its commit, before numbering them")

@@ -5,7 +5,8 @@ middle, and records the cut in ``feed_topics.trimmed_through``. A reader whose c
 below the cut gets the rows after the cut; ``GET /v1/feed`` says so with
 ``"trimmed_through"``, and the Python client reports the lost range instead of waiting for
 rows that no longer exist. A reset deletes a topic's rows, restarts offsets at 1 and raises
-its epoch, so every client knows its old offsets mean nothing any more.
+its epoch, so every client knows its old offsets mean nothing any more; rows still waiting
+for their offsets (``feed_pending``) go with them.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ async def reset(pool: asyncpg.Pool, cache: AnyRedis, topic: str) -> int:
     new epoch and signals it (offset 0, kind ``reset``)."""
     check_topic(topic)
     async with pool.acquire() as conn, conn.transaction():
+        # Numbering passes of the topic wait; its rows still pending are deleted with the rest.
+        await conn.execute("SELECT feed_topic_lock($1)", topic)
+        await conn.execute("DELETE FROM feed_pending WHERE topic = $1", topic)
         epoch = await conn.fetchval(
             "INSERT INTO feed_topics AS t (topic, epoch) VALUES ($1, 2)"
             " ON CONFLICT (topic) DO UPDATE SET epoch = t.epoch + 1, last_offset = 0,"

@@ -1,5 +1,5 @@
-"""HTTP component: ``GET /v1/feed`` (polling) and ``GET /v1/stream`` (SSE), plus the hub and
-the retention task that live as long as the application."""
+"""HTTP component: ``GET /v1/feed`` (polling) and ``GET /v1/stream`` (SSE), plus the hub,
+the retention task and the sweep of pending feed rows that live as long as the application."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gateway.push import feed, sse
 from gateway.push.hub import Hub, Subscriber
 from gateway.push.protocol import FeedError
 from gateway.push.retention import run_retention
+from gateway.push.sequencer import Sequencer
 from gateway.push.settings import PushSettings
 from gateway.stores.runtime import Runtime
 
@@ -146,7 +147,9 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     async def background(app: web.Application) -> AsyncIterator[None]:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(hub.run(stop)),
-                 asyncio.create_task(run_retention(runtime.pg, config, stop))]
+                 asyncio.create_task(run_retention(runtime.pg, config, stop)),
+                 # Rows a dead worker left without offsets, even when no worker is left.
+                 asyncio.create_task(Sequencer(runtime.pg, runtime.cache).run_sweeper(stop))]
         yield
         stop.set()
         for task in tasks:

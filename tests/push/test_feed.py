@@ -14,6 +14,7 @@ import pytest
 from gateway import keys
 from gateway.push import feed
 from gateway.stores.runtime import Runtime
+from tests.push.polling import follow_while
 
 
 async def test_append_read_and_wire_form(runtime: Runtime) -> None:
@@ -94,8 +95,6 @@ async def test_concurrent_writers_never_leave_a_hole_a_poller_skips(runtime: Run
     """Writers hold their transaction open for a random while after appending; a poller
     that advances its cursor to the highest offset it saw must still see every offset."""
     writers, per_writer = 8, 15
-    done = asyncio.Event()
-    seen: list[int] = []
 
     async def writer(n: int) -> None:
         rng = random.Random(n)
@@ -104,22 +103,9 @@ async def test_concurrent_writers_never_leave_a_hole_a_poller_skips(runtime: Run
                 await feed.append(conn, "pipeline", "store", {"w": n, "i": i})
                 await asyncio.sleep(rng.random() * 0.005)  # hold the commit back a little
 
-    async def poller() -> None:
-        cursor = 0
-        while True:
-            finished = done.is_set()
-            _, rows = await feed.read(runtime.pg, "pipeline", cursor, 1000)
-            for row in rows:
-                seen.append(row.offset)
-                cursor = row.offset
-            if finished and not rows:
-                return
-            await asyncio.sleep(0.001)
-
-    poll = asyncio.create_task(poller())
-    await asyncio.gather(*(writer(n) for n in range(writers)))
-    done.set()
-    await asyncio.wait_for(poll, 30)
+    rows = await follow_while(runtime, "pipeline",
+                              asyncio.gather(*(writer(n) for n in range(writers))))
+    seen = [row.offset for row in rows]
     assert seen == list(range(1, writers * per_writer + 1))
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.push import feed
 from gateway.stores.runtime import Runtime
+from tests.push.polling import follow_while
 
 
 async def test_a_block_gets_consecutive_offsets_in_the_given_order(runtime: Runtime) -> None:
@@ -63,8 +64,6 @@ async def test_concurrent_blocks_and_singles_leave_no_hole_a_poller_skips(
     random while; a poller advancing its cursor to the highest offset it saw must still see
     every offset, each row exactly once, each block contiguous."""
     writers, rounds = 6, 12
-    finished = asyncio.Event()
-    seen: list[feed.FeedRow] = []
     written = 0
 
     async def writer(n: int) -> None:
@@ -81,22 +80,8 @@ async def test_concurrent_blocks_and_singles_leave_no_hole_a_poller_skips(
                 await asyncio.sleep(rng.random() * 0.005)
             written += size
 
-    async def poller() -> None:
-        cursor = 0
-        while True:
-            last_round = finished.is_set()
-            _, rows = await feed.read(runtime.pg, "pipeline", cursor, 1000)
-            seen.extend(rows)
-            if rows:
-                cursor = rows[-1].offset
-            if last_round and not rows:
-                return
-            await asyncio.sleep(0.001)
-
-    poll = asyncio.create_task(poller())
-    await asyncio.gather(*(writer(n) for n in range(writers)))
-    finished.set()
-    await asyncio.wait_for(poll, 30)
+    seen = await follow_while(runtime, "pipeline",
+                              asyncio.gather(*(writer(n) for n in range(writers))))
     assert [r.offset for r in seen] == list(range(1, written + 1))
     # Each transaction's rows are contiguous and in the order given.
     by_txn: dict[tuple[int, int], list[int]] = {}
