@@ -2,13 +2,14 @@
 
 Chosen by configuration (``[conversations] handler = ...``): ``"default"`` (help, status,
 echo), ``"http"`` (POST the conversation to ``handler_url``, send back its answer) or any
-``"package.module:function"``. A handler returns the reply text, or None for no reply.
+``"package.module:function"``. A handler returns the reply text, the reply as it is written
+(an async iterator of text deltas), or None for no reply.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,10 @@ class Context:
     history: Callable[[int], Awaitable[list[Message]]] = field(repr=False)
 
 
-Handler = Callable[[Context], Awaitable[str | None]]
+# A handler answers with the whole reply, with the reply as it is written (an async
+# iterator of text deltas, e.g. a model's stream: the chat sees it grow), or with None.
+Reply = str | AsyncIterator[str] | None
+Handler = Callable[[Context], Awaitable[Reply]]
 
 HELP = ("Commands: /new starts a new conversation, /status shows this conversation, "
         "/help shows this text. Anything else is answered by the bot.")

@@ -7,8 +7,11 @@ chat), in one statement (``store.receive``,
 its own transaction): find the active conversation (redis-cache pointer, else PostgreSQL,
 else a new one), store the message and its feed row; publish after it, run the configured
 handler, store the reply and its feed row (``store.reply``, one statement too), then deliver
-it through ``send`` behind the platform's rate limits, with retries and a dead letter. The
-lock is held until the reply left, so replies keep the messages' order.
+it through ``send`` behind the platform's rate limits, with retries and a dead letter. A
+handler that answers with a stream has it shown while it is written when ``send`` is a live
+reply (``gateway.outbound.live``: typing, one message, edits), and its whole text is then
+stored and delivered the same way (the last edit). The lock is held until the reply left,
+so replies keep the messages' order.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
 
 from gateway.conversations import links, store
-from gateway.conversations.handlers import Context, Handler, load_handler
+from gateway.conversations.handlers import Context, Handler, Reply, load_handler
 from gateway.conversations.locks import KeyedLocks
 from gateway.conversations.model import Incoming, chat_key, command_of, pointer_key
+from gateway.outbound import live
 from gateway.outbound.delivery import RetryPolicy, Send, deliver, limit_names
 from gateway.push import feed
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
@@ -63,6 +68,10 @@ class ConversationService:
         self.limits = platform_limits(settings)
         self.policy = RetryPolicy.from_settings(settings)
         self.idle_seconds = int(section.get("idle_seconds", DEFAULT_IDLE_SECONDS))
+        # A streamed reply: at most one edit per edit_interval (and the platform's limits),
+        # the typing indicator renewed every typing_interval until the first words.
+        self.edit_interval = float(section.get("edit_interval", 1.0))
+        self.typing_interval = float(section.get("typing_interval", 4.0))
         self.locks = KeyedLocks()
         # Pointer reads and writes of concurrent chats share round trips and connections.
         self.cache = AutoPipeline(runtime.cache)
@@ -104,10 +113,12 @@ class ConversationService:
             return await self._redelivered(conn, incoming, send, received)
         # New, or stored before but never answered (the process died): run the handler.
         conversation_id, seq = received.conversation_id, received.seq
-        reply = await self._run_handler(conn, incoming, conversation_id, seq, command,
-                                        received.created)
-        if reply is None:
+        answered = await self._run_handler(conn, incoming, conversation_id, seq, command,
+                                           received.created)
+        if answered is None:
             return Outcome(conversation_id, seq, None, False)
+        reply = answered if isinstance(answered, str) else await self._written(
+            incoming, send, answered)
         answer = await store.reply(conn, incoming, conversation_id, seq, reply)
         if answer.row is None:
             # Answered meanwhile by a handling that did not hold the chat lock: that one
@@ -151,19 +162,32 @@ class ConversationService:
         return Outcome(seen.conversation_id, seen.seq, seen.reply_text, delivered,
                        duplicate=True)
 
+    async def _written(self, incoming: Incoming, send: Send,
+                       deltas: AsyncIterator[str]) -> str:
+        """A reply handed over as it is written: shown live (typing, one message, edits)
+        when the destination can be edited, else collected; the whole text either way,
+        delivered after it is stored, like any reply."""
+        if not isinstance(send, live.LiveReply):
+            return await live.collect(deltas, APOLOGY)
+        pace = live.Pace(self.limiter, limit_names(incoming, self.limits, edit=True),
+                         self.edit_interval, self.typing_interval,
+                         live.MAX_CHARS.get(incoming.platform, 4096))
+        return await live.write_live(deltas, send, pace, APOLOGY)
+
     async def _deliver(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                        conversation_id: int, seq: int, text: str) -> bool:
         # Everything below runs on the connection this message already holds: asking the
         # pool for a second one could wait forever once every connection is a waiting chat.
+        shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
         delivered = await deliver(conn, self.limiter, limit_names(incoming, self.limits),
-                                  incoming, text, send, self.policy,
+                                  incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
         await store.settle(conn, conversation_id, seq)
         return delivered
 
     async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,
                            conversation_id: int, count: int, command: str | None,
-                           created: bool) -> str | None:
+                           created: bool) -> Reply:
         async def history(limit: int) -> list[store.Message]:
             return await store.history(conn, conversation_id, limit)
 

@@ -6,7 +6,8 @@ A Bolt middleware then does the intake itself, before Bolt acknowledges: an ``ap
 or direct message is claimed (``dedup:slack-event:<event_id>``; a retry can arrive after 3 s)
 and put in the inbox in one round trip, a slash command (``/gw new``) is put in the inbox with
 its ``response_url``; only then does Slack get its 200, well inside its 3 s. The inbox
-consumer of whichever replica is alive answers (``chat.postMessage``, or the command's
+consumer of whichever replica is alive answers (``chat.postMessage``, edited with
+``chat.update`` while a streamed reply is written; or once at the command's
 ``response_url``). Other events are acknowledged and dropped.
 """
 
@@ -25,6 +26,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gateway import keys
@@ -38,6 +40,7 @@ from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import Undeliverable, retry_after_of
+from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.slack")
@@ -45,7 +48,8 @@ log = logging.getLogger("gateway.slack")
 _MENTION = re.compile(r"^\s*<@[A-Z0-9]+>\s*")
 # Errors where resending the same message cannot succeed.
 PERMANENT = {"channel_not_found", "not_in_channel", "is_archived", "invalid_auth",
-             "account_inactive", "msg_too_long", "no_text", "restricted_action"}
+             "account_inactive", "msg_too_long", "no_text", "restricted_action",
+             "message_not_found", "cant_update_message", "edit_window_closed"}
 RESPONSE_URL = "response_url"
 # Every reply carries Slack message metadata naming the message it answers, so a holder that
 # takes over a dead one's entry can see in the channel whether the reply went out.
@@ -146,35 +150,15 @@ class SlackBot:
 
     # --- outbound ----------------------------------------------------------------------
     def _sender(self, entry: Entry, retried: bool) -> Send:
-        incoming = entry.incoming
         response_url = entry.route.get(RESPONSE_URL)
         if response_url:
             return self._responder(response_url)
+        return SlackReply(self, entry.incoming, retried)
 
-        async def send(text: str) -> None:
-            """One chat.postMessage (in the thread when the message was in one); on a retry,
-            nothing when the channel shows that reply already."""
-            if retried and await self._answered(incoming):
-                log.info("slack message %s: answered before its holder stopped",
-                         incoming.message_id)
-                return
-            metadata = {"event_type": REPLY_EVENT,
-                        "event_payload": {"reply_to": incoming.message_id}}
-            try:
-                await self.client.chat_postMessage(channel=incoming.chat, text=text,
-                                                   thread_ts=incoming.thread,
-                                                   metadata=metadata)
-            except SlackApiError as exc:
-                error = str(exc.response.get("error", "")) if exc.response else ""
-                if retry_after_of(exc) is None and error in PERMANENT:
-                    raise Undeliverable(f"slack: {error}") from exc
-                raise
-
-        return send
-
-    async def _answered(self, incoming: Incoming) -> bool:
-        """Does the channel (or thread) hold our reply to this message? Unknown (the app
-        lacks the history scope, Slack fails) counts as no: better twice than never."""
+    async def earlier_reply(self, incoming: Incoming) -> dict[str, Any] | None:
+        """Our reply to this message in the channel (or thread), if there is one. Unknown
+        (the app lacks the history scope, Slack fails) counts as none: better twice than
+        never."""
         try:
             if incoming.thread:
                 page = await self.client.conversations_replies(
@@ -187,14 +171,14 @@ class SlackBot:
         except SlackApiError as exc:
             log.warning("slack: cannot read the channel to check for an earlier reply (%s)",
                         exc.response.get("error", "") if exc.response else "error")
-            return False
+            return None
         for message in page.get("messages") or []:
             metadata = message.get("metadata") or {}
             if (metadata.get("event_type") == REPLY_EVENT
                     and (metadata.get("event_payload") or {}).get("reply_to")
                     == incoming.message_id):
-                return True
-        return False
+                return dict(message)
+        return None
 
     @staticmethod
     def _responder(url: str) -> Send:
@@ -209,6 +193,48 @@ class SlackBot:
                 raise RuntimeError(f"slack response_url answered {response.status_code}")
 
         return send
+
+
+class SlackReply(PlatformReply):
+    """chat.postMessage (in the thread when the message was in one) and chat.update. Every
+    reply carries metadata naming the message it answers, so on a retry the channel itself
+    shows whether (and in which message) the reply went out. Slack's Web API has no typing
+    indicator for bots, so there is none."""
+
+    def __init__(self, bot: SlackBot, incoming: Incoming, retried: bool) -> None:
+        self.bot, self.incoming, self.retried = bot, incoming, retried
+        self.metadata = {"event_type": REPLY_EVENT,
+                         "event_payload": {"reply_to": incoming.message_id}}
+
+    async def post(self, text: str) -> str:
+        """A new message; on a retry, the earlier reply brought to ``text`` instead."""
+        if self.retried:
+            earlier = await self.bot.earlier_reply(self.incoming)
+            if earlier is not None:
+                log.info("slack message %s: answered before its holder stopped",
+                         self.incoming.message_id)
+                if earlier.get("text") != text:
+                    await self.edit(str(earlier["ts"]), text)
+                return str(earlier["ts"])
+        response = await _mapped(self.bot.client.chat_postMessage(
+            channel=self.incoming.chat, text=text, thread_ts=self.incoming.thread,
+            metadata=self.metadata))
+        return str(response["ts"])
+
+    async def edit(self, ref: str, text: str) -> None:
+        await _mapped(self.bot.client.chat_update(channel=self.incoming.chat, ts=ref,
+                                                  text=text, metadata=self.metadata))
+
+
+async def _mapped(call: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
+    """A Web API call; an error retrying cannot mend becomes ``Undeliverable``."""
+    try:
+        return await call
+    except SlackApiError as exc:
+        error = str(exc.response.get("error", "")) if exc.response else ""
+        if retry_after_of(exc) is None and error in PERMANENT:
+            raise Undeliverable(f"slack: {error}") from exc
+        raise
 
 
 SLACK_BOT: web.AppKey[SlackBot] = web.AppKey("slack_bot", SlackBot)

@@ -19,11 +19,12 @@ import hmac
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from aiohttp import web
 from telegram import Update
+from telegram.constants import ChatAction
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 from telegram.ext import Application, ContextTypes, TypeHandler
 
@@ -39,6 +40,7 @@ from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
+from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
 
 # PTB 22 warns on every RetryAfter that time periods will become timedeltas; opt in now (it
@@ -168,18 +170,47 @@ class TelegramBot:
 
     # --- outbound ----------------------------------------------------------------------
     def _sender(self, entry: Entry, retried: bool) -> Send:
-        chat_id = int(entry.incoming.chat)
+        return TelegramReply(self.ptb, int(entry.incoming.chat))
 
-        async def send(text: str) -> None:
-            """One sendMessage; platform errors mapped for the outbound retry loop."""
-            try:
-                await self.ptb.bot.send_message(chat_id=chat_id, text=text)
-            except RetryAfter as exc:
-                raise RetryLater(retry_after_of(exc) or 1.0) from exc
-            except (Forbidden, BadRequest) as exc:
-                raise Undeliverable(f"{type(exc).__name__}: {exc}") from exc
 
-        return send
+class TelegramReply(PlatformReply):
+    """sendMessage, editMessageText and the typing action for one chat; platform errors
+    mapped for the outbound retry loop. Telegram offers no way to look for an earlier reply,
+    so a retry whose message id was never recorded posts anew."""
+
+    def __init__(self, ptb: TelegramApp, chat_id: int) -> None:
+        self.bot = ptb.bot
+        self.chat_id = chat_id
+
+    async def typing(self) -> None:
+        await _mapped(self.bot.send_chat_action(chat_id=self.chat_id,
+                                                action=ChatAction.TYPING))
+
+    async def post(self, text: str) -> str:
+        message = await _mapped(self.bot.send_message(chat_id=self.chat_id, text=text))
+        return str(message.message_id)
+
+    async def edit(self, ref: str, text: str) -> None:
+        try:
+            await _mapped(self.bot.edit_message_text(text, chat_id=self.chat_id,
+                                                     message_id=int(ref)))
+        except Undeliverable as exc:
+            if NOT_MODIFIED not in str(exc).lower():  # already showing it: done
+                raise
+
+
+NOT_MODIFIED = "message is not modified"
+T = TypeVar("T")
+
+
+async def _mapped(call: Awaitable[T]) -> T:
+    """A Bot API call; a flood wait becomes ``RetryLater``, a refusal ``Undeliverable``."""
+    try:
+        return await call
+    except RetryAfter as exc:
+        raise RetryLater(retry_after_of(exc) or 1.0) from exc
+    except (Forbidden, BadRequest) as exc:
+        raise Undeliverable(f"{type(exc).__name__}: {exc}") from exc
 
 
 # --- component ---------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 It leases ready chats (up to ``max_chats`` at a time), processes each chat's entries in
 order through the conversation service, and acknowledges each entry after it. Leases are
 renewed together every third of their length; expired ones (a holder died or stalled) are
-reclaimed by any consumer. Before every reply the consumer checks it still holds the chat
-(fencing): a holder that stalled past its lease stops instead of answering next to its
-successor. A store outage releases the chat without counting against its entry; any other
-failure counts, and an entry that keeps failing ends in the dead letters.
+reclaimed by any consumer. Before every platform call of a reply the consumer checks it still
+holds the chat and what of the reply left (the fence, ``fence.py``): a holder that stalled
+past its lease stops instead of answering next to its successor. A store outage releases the
+chat without counting against its entry; any other failure counts, and an entry that keeps
+failing ends in the dead letters.
 
 A push in this process wakes the consumer at once; other replicas find work by polling
 every ``poll_seconds``.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import time
@@ -29,9 +29,11 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.inbox.entry import BadEntry, Entry
+from gateway.inbox.fence import Fence, FencedLive, LeaseLost, fenced_send
 from gateway.inbox.queue import Inbox, Lost, Taken, new_token
 from gateway.leases.maintenance import view_for
 from gateway.outbound.delivery import Send
+from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.inbox")
@@ -43,15 +45,11 @@ OUTAGE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 
 # Processes one entry; replies go through ``send``.
 Process = Callable[[Entry, Send], Awaitable[None]]
-# The platform call that answers an entry; ``retried`` when an earlier attempt at it failed
-# or its holder died (a reply may have left already: an adapter that can ask the platform
-# checks before sending again).
+# The platform call that answers an entry (a ``PlatformReply`` when the platform can edit
+# it: then the reply is shown while it is written); ``retried`` when an earlier attempt at it
+# failed or its holder died (a reply may have left already: an adapter that can ask the
+# platform checks before sending again).
 SenderFor = Callable[[Entry, bool], Send]
-
-
-class LeaseLost(BaseException):
-    """The chat's lease is someone else's now. A ``BaseException`` so that the delivery loop
-    (which retries and dead-letters any ``Exception``) lets it through: we simply stop."""
 
 
 @dataclass(frozen=True)
@@ -212,8 +210,8 @@ class InboxConsumer:
             await self._release(chat, token, 0, counted=True, at_once=True)
             return False
         try:
-            send = self._fenced(chat, token, head, self.sender_for(entry, retried))
-            await self.process(entry, send)
+            await self.process(entry, self._fenced(chat, token, head,
+                                                   self.sender_for(entry, retried)))
         except LeaseLost:
             return False
         except OUTAGE as exc:
@@ -228,24 +226,13 @@ class InboxConsumer:
         return True
 
     def _fenced(self, chat: str, token: str, head: str, send: Send) -> Send:
-        """``send`` behind the fencing check, and nothing when the head's reply left already
-        (the send succeeded, then a store failed before the reply was recorded, and the
-        entry was given back)."""
-        digest = hashlib.blake2b(head.encode(), digest_size=12).hexdigest()
-
-        async def fenced(text: str) -> None:
-            holds, sent = await self.inbox.before_send(chat, token, digest)
-            if not holds:
-                raise LeaseLost(chat)
-            if sent:
-                return
-            await send(text)
-            try:
-                await self.inbox.mark_sent(chat, digest)
-            except RedisError as exc:
-                self._outage(exc)
-
-        return fenced
+        """``send`` behind the fence (``fence.py``): nothing is sent by a holder that lost
+        the chat, nor again once the head's reply left; a platform reply that can be edited
+        becomes a live one, which a retry resumes in the message it showed."""
+        fence = Fence(self.inbox, chat, token, head, self._outage)
+        if isinstance(send, PlatformReply):
+            return FencedLive(fence, send)
+        return fenced_send(fence, send)
 
     async def _release(self, chat: str, token: str, delay: float, *, counted: bool,
                        at_once: bool = False) -> None:

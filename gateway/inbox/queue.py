@@ -158,20 +158,21 @@ class Inbox:
         lost = await self._scripts.renew(keys=[self.leases, self.owners], args=args)
         return {_text(chat) for chat in lost}
 
-    async def before_send(self, chat: str, token: str, digest: str) -> tuple[bool, bool]:
-        """(we still hold the chat, the reply to the head with ``digest`` already left), in
-        one round trip."""
+    async def before_send(self, chat: str, token: str) -> tuple[bool, str]:
+        """(we still hold the chat, what ``mark_sent`` recorded about the head's reply or
+        ""), in one round trip."""
         owner, sent = await self.auto.batch([("HGET", self.owners, chat),
                                              ("HGET", self.sent, chat)])
         for reply in (owner, sent):
             if isinstance(reply, Exception):
                 raise reply
-        return _text(owner or "") == token, _text(sent or "") == digest
+        return _text(owner or "") == token, _text(sent or "")
 
-    async def mark_sent(self, chat: str, digest: str) -> None:
-        """The head's reply left: a retry of the head (a store failed after the send) must
-        not send it again. ACK forgets it."""
-        await self.auto.execute("HSET", self.sent, chat, digest)
+    async def mark_sent(self, chat: str, value: str) -> None:
+        """Record how far the head's reply got (the consumer's fence writes the head's
+        digest, with the id of the message showing it while it is being written): a retry
+        of the head must not send it again. ACK forgets it."""
+        await self.auto.execute("HSET", self.sent, chat, value)
 
     async def reclaim(self, limit: int = 100) -> int:
         return int(await self._scripts.reclaim(

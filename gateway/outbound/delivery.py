@@ -55,13 +55,18 @@ class RetryPolicy:
         return cls(**values)
 
 
-def limit_names(incoming: Destination,
-                table: Mapping[str, Mapping[str, Rate]]) -> list[tuple[str, Rate]]:
-    """The limiter buckets one reply to this chat passes (per bot, group, chat or channel)."""
+def limit_names(incoming: Destination, table: Mapping[str, Mapping[str, Rate]], *,
+                edit: bool = False) -> list[tuple[str, Rate]]:
+    """The limiter buckets one reply to this chat passes (per bot, group, chat or channel);
+    with ``edit``, what an edit of a reply passes: those, and the ``edit`` scope (per bot or
+    workspace: Slack's chat.update tier)."""
     scopes = table.get(incoming.platform, {})
     names: list[tuple[str, Rate]] = []
     for scope, rate in scopes.items():
-        if scope == "bot":
+        if scope == "edit":
+            if edit:
+                names.append((f"{incoming.platform}:edit:{incoming.team or '-'}", rate))
+        elif scope == "bot":
             names.append((f"{incoming.platform}:bot", rate))
         elif scope == "group":
             if incoming.chat.startswith("-"):  # Telegram groups have negative ids

@@ -34,11 +34,13 @@ class Rate:
     burst: int = 1
 
 
-# Telegram: ~30 messages/s per bot, 1/s per chat, 20/min per group; Slack: ~1/s per channel.
-# Mattermost publishes no bot limit; 10/s per bot is the server's default per-user API rate.
+# Telegram: ~30 messages/s per bot, 1/s per chat, 20/min per group (an edit counts like a
+# message); Slack: ~1/s per channel, and chat.update is a Tier 3 method (~50/min per
+# workspace): the "edit" scope, which only edits pass. Mattermost publishes no bot limit;
+# 10/s per bot is the server's default per-user API rate.
 PLATFORM_LIMITS: dict[str, dict[str, Rate]] = {
     "telegram": {"bot": Rate(30, 1.0), "chat": Rate(1, 1.0), "group": Rate(20, 60.0, 20)},
-    "slack": {"channel": Rate(1, 1.0)},
+    "slack": {"channel": Rate(1, 1.0), "edit": Rate(50, 60.0, 5)},
     "mattermost": {"bot": Rate(10, 1.0)},
 }
 

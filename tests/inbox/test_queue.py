@@ -63,8 +63,8 @@ async def test_ack_by_a_stale_holder_is_refused(runtime: Runtime) -> None:
     [again] = await box.take("new", 1)
     assert again.head == taken.head
     assert await box.ack("a", "old", taken.head) is Lost.LEASE
-    assert not (await box.before_send("a", "old", "-"))[0]
-    assert (await box.before_send("a", "new", "-"))[0]
+    assert not (await box.before_send("a", "old"))[0]
+    assert (await box.before_send("a", "new"))[0]
     assert await runtime.durable.llen(box.chat_list("a")) == 1  # still there for "new"
 
 

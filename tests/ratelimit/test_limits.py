@@ -57,16 +57,22 @@ def test_configuration_overrides_and_errors(settings: Settings) -> None:
 def test_which_buckets_a_reply_passes(settings: Settings) -> None:
     table = platform_limits(settings)
 
-    def names(**fields: str) -> list[str]:
+    def names(edit: bool = False, **fields: str) -> list[str]:
         base = dict(platform="telegram", chat="1", thread=None, user_id="u", user_name=None,
                     text="t", message_id="m")
-        return [n for n, _ in limit_names(Incoming(**{**base, **fields}), table)]
+        return [n for n, _ in limit_names(Incoming(**{**base, **fields}), table, edit=edit)]
 
     assert names(chat="777") == ["telegram:bot", "telegram:chat:-:777"]
     assert names(chat="-100123") == ["telegram:bot", "telegram:chat:-:-100123",
                                      "telegram:group:-100123"]
     assert names(platform="slack", chat="C1", team="T1") == ["slack:channel:T1:C1"]
     assert names(platform="mattermost", chat="ch") == ["mattermost:bot"]
+    # An edit passes the message buckets (Telegram counts it like a message), and Slack's
+    # chat.update tier per workspace.
+    assert names(edit=True, chat="777") == ["telegram:bot", "telegram:chat:-:777"]
+    assert names(edit=True, platform="slack", chat="C1", team="T1") == [
+        "slack:channel:T1:C1", "slack:edit:T1"]
+    assert table["slack"]["edit"] == Rate(50, 60.0, 5)
 
 
 async def test_provider_budget_counts_requests_tokens_and_concurrency(

@@ -153,6 +153,18 @@ class MattermostClient:
         result: dict[str, Any] = await self._call("POST", "/posts", json=body)
         return result
 
+    async def patch_post(self, post_id: str, message: str) -> dict[str, Any]:
+        """Replace a post's message (``PUT /posts/{id}/patch``; the bot's own posts only)."""
+        result: dict[str, Any] = await self._call("PUT", f"/posts/{post_id}/patch",
+                                                  json={"message": message})
+        return result
+
+    async def typing(self, channel_id: str, parent_id: str | None = None) -> None:
+        """The "is typing" indicator in a channel (thread), for the bot itself (server 5.26+;
+        the REST form, so a consumer needs no socket of its own)."""
+        await self._call("POST", "/users/me/typing",
+                         json={"channel_id": channel_id, "parent_id": parent_id or ""})
+
     @asynccontextmanager
     async def events(self, heartbeat: float) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Connect and authenticate (challenge with ``seq`` 1); yield the stream of events.

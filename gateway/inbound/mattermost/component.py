@@ -30,6 +30,7 @@ from gateway.inbox.consumer import Process
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
+from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.mattermost")
@@ -77,28 +78,15 @@ class MattermostBot:
                            {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     def _sender(self, entry: Entry, retried: bool) -> Send:
-        incoming, post_id = entry.incoming, entry.route.get(POST_ID)
-        created_at = int(entry.route.get(CREATED_AT) or 0)
+        return MattermostReply(self, entry, retried)
 
-        async def send(text: str) -> None:
-            """One post in the channel (thread), naming the post it answers in its props;
-            on a retry, nothing when the platform shows that reply already."""
-            assert self.client is not None
-            if retried and post_id and await self._answered(incoming.chat, post_id,
-                                                            created_at):
-                log.info("mattermost post %s: answered before its holder stopped", post_id)
-                return
-            await self.client.create_post(incoming.chat, text, incoming.thread,
-                                          reply_to=post_id)
-
-        return send
-
-    async def _answered(self, channel_id: str, post_id: str, created_at: int) -> bool:
-        """Does the channel hold a reply of ours to ``post_id`` (posted after it)?"""
+    async def earlier_reply(self, channel_id: str, post_id: str,
+                            created_at: int) -> Post | None:
+        """Our reply to ``post_id`` in the channel (posted after it), if there is one."""
         assert self.client is not None
         me = self.listener.bot_user_id or str((await self.client.me())["id"])
         replies = await self.client.posts_since(channel_id, created_at - 1)
-        return any(r.user_id == me and r.reply_to == post_id for r in replies)
+        return next((r for r in replies if r.user_id == me and r.reply_to == post_id), None)
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
@@ -117,6 +105,43 @@ class MattermostBot:
         """The listener and the consumer until ``stop`` (``gateway listen mattermost``)."""
         async with self.session():
             await asyncio.gather(self.listener.run(stop), self.inbox.consumer.run(stop))
+
+
+class MattermostReply(PlatformReply):
+    """One post in the channel (thread), naming the post it answers in its props, edited
+    with ``PUT /posts/{id}/patch``; typing through ``POST /users/me/typing``. On a retry the
+    channel shows whether (and in which post) the reply went out."""
+
+    def __init__(self, bot: MattermostBot, entry: Entry, retried: bool) -> None:
+        self.bot, self.incoming, self.retried = bot, entry.incoming, retried
+        self.post_id = entry.route.get(POST_ID)
+        self.created_at = int(entry.route.get(CREATED_AT) or 0)
+
+    @property
+    def client(self) -> MattermostClient:
+        assert self.bot.client is not None
+        return self.bot.client
+
+    async def typing(self) -> None:
+        await self.client.typing(self.incoming.chat, self.incoming.thread)
+
+    async def post(self, text: str) -> str:
+        """A new post; on a retry, the earlier reply brought to ``text`` instead."""
+        if self.retried and self.post_id:
+            earlier = await self.bot.earlier_reply(self.incoming.chat, self.post_id,
+                                                   self.created_at)
+            if earlier is not None:
+                log.info("mattermost post %s: answered before its holder stopped",
+                         self.post_id)
+                if earlier.message != text:
+                    await self.edit(earlier.id, text)
+                return earlier.id
+        created = await self.client.create_post(self.incoming.chat, text, self.incoming.thread,
+                                                reply_to=self.post_id)
+        return str(created["id"])
+
+    async def edit(self, ref: str, text: str) -> None:
+        await self.client.patch_post(ref, text)
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
