@@ -55,6 +55,9 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
         "durable", "24 h (GATEWAY_DEDUP_TTL)", "webhooks"),
+    Row("dedup:webhook-body:", "one signed body per source -> its first delivery id (replay "
+        "window of schemes that sign no timestamp: GitHub)", "durable",
+        "7 d for github ([webhooks.<source>] replay_window_seconds)", "webhooks"),
     Row("dedup:slack-event:", "one Slack event_id, one answer", "durable", "24 h", "slack"),
     Row("dedup:telegram-update:", "one Telegram update_id per bot, one answer",
         "durable", "24 h", "telegram"),
@@ -136,6 +139,10 @@ def lock(name: str) -> str:
 
 def dedup_webhook(source: str, delivery_id: str) -> str:
     return _join("dedup:webhook:", source, delivery_id)
+
+
+def dedup_webhook_body(source: str, body_digest: str) -> str:
+    return _join("dedup:webhook-body:", source, body_digest)
 
 
 def dedup_slack_event(event_id: str) -> str:

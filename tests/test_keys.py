@@ -13,6 +13,7 @@ def test_every_builder_lands_in_a_registry_row() -> None:
         keys.brute("ip", "1.2.3.4"): "brute:",
         keys.lock("mattermost-listener"): "lock:",
         keys.dedup_webhook("src", "msg_1"): "dedup:webhook:",
+        keys.dedup_webhook_body("gh", "ab" * 32): "dedup:webhook-body:",
         keys.dedup_slack_event("Ev1"): "dedup:slack-event:",
         keys.dedup_telegram_update(42, 7): "dedup:telegram-update:",
         keys.dedup_job("j1"): "dedup:job:",

@@ -2,9 +2,10 @@
 
 One app with every component, pipeline workers, the Telegram and Slack bots and the
 Mattermost listener, all pointed at the fakes, is driven through each inbound path (signed
-webhook, job, Telegram update, Slack event, Mattermost post), a bad-signature barrier, the
-feed, the stream and a cached search. Then both instances are scanned: every key matches a
-registry row, lives in the instance that row names, and carries a TTL where it must.
+webhook, a GitHub delivery and its replay, job, Telegram update, Slack event, Mattermost
+post), a bad-signature barrier, the feed, the stream and a cached search. Then both
+instances are scanned: every key matches a registry row, lives in the instance that row
+names, and carries a TTL where it must.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN
 from tests.fakes.slack import signed_json
 from tests.helpers import registry_violations, wait_until
 from tests.inbound.mattermost.helpers import mattermost_settings
-from tests.inbound.webhook_helpers import body_of, standard
+from tests.inbound.webhook_helpers import body_of, github, standard
 
 pytestmark = pytest.mark.slow
 TELEGRAM_SECRET = "scenario-secret"
@@ -68,6 +69,11 @@ async def test_every_key_of_a_full_scenario_is_registered(
         async with client.post("/v1/webhooks/demo", data=body,
                                headers=standard(body, "msg_scenario")) as response:
             assert response.status == 200
+        # A GitHub delivery (the body's replay mark) and its replay under a fresh id.
+        for delivery, status in (("gh-1", 202), ("gh-forged", 200)):
+            async with client.post("/v1/webhooks/gh", data=body,
+                                   headers=github(body, delivery)) as response:
+                assert response.status == status
         async with client.post("/v1/jobs", json={"job_id": "scenario-job", "priority": "high",
                                                  "document": {"text": "alpha beta gamma"}}) as r:
             assert r.status == 202

@@ -2,11 +2,13 @@
 
 Order of the checks, cheapest and least revealing first: unknown source (404, no store
 touched), blocked address (429), content type (415), body size (413, refused while reading,
-chunked or not), signature (401, counted by the brute-force barrier), body shape (400).
-Only then is anything written: the dedup claim ``dedup:webhook:<source>:<delivery id>`` and
-the ADD of item ``webhook:<source>:<delivery id>`` go out together (``gateway.dedup.intake``).
-So a refused request writes nothing but a failure count, and an accepted one is queued
-before the 202 leaves.
+chunked or not), signature (401, counted by the brute-force barrier), body shape (400),
+freshness when configured (400, ``gateway.inbound.replay``). Only then is anything written:
+for a source with a body window (GitHub's default), the body's replay mark; then the dedup
+claim ``dedup:webhook:<source>:<delivery id>`` and the ADD of item
+``webhook:<source>:<delivery id>`` go out together (``gateway.dedup.intake``). So a refused
+request writes nothing but a failure count, and an accepted one is queued before the 202
+leaves.
 
 ``gateway sign`` (``main_sign``) prints the Standard Webhooks headers for a body.
 """
@@ -18,7 +20,7 @@ import base64
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -27,6 +29,7 @@ from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import PUBLIC
 from gateway.config import Settings
+from gateway.dedup.intake import Intake
 from gateway.inbound import signing
 from gateway.inbound.documents import parse_json_text, webhook_payload
 from gateway.inbound.http_intake import (
@@ -38,7 +41,10 @@ from gateway.inbound.http_intake import (
     refuse_during_maintenance,
     require_json,
 )
+from gateway.inbound.replay import ReplayGuard
 from gateway.stores.runtime import Runtime
+
+REPLAY: web.AppKey[ReplayGuard] = web.AppKey("webhook_replay", ReplayGuard)
 
 
 def item_id_for(source: str, delivery_id: str) -> str:
@@ -51,6 +57,8 @@ class Verified(NamedTuple):
     source: str
     delivery_id: str
     payload: str  # the pipeline document, JSON-encoded
+    body: bytes  # as signed
+    value: Any  # the parsed body
 
 
 async def _verify(request: web.Request, inbound: Inbound) -> Verified:
@@ -73,14 +81,23 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
         raise ApiError(401, "bad_signature", str(exc)) from None
     except signing.MalformedError as exc:
         raise ApiError(400, "malformed", str(exc)) from None
-    return Verified(name, delivery_id, payload)
+    return Verified(name, delivery_id, payload, body, value)
 
 
 async def receive(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
     await refuse_during_maintenance(inbound.maintenance)
     verified = await _verify(request, inbound)
+    guard = request.app[REPLAY]
+    policy = guard.policies[verified.source]
+    if policy.fields:
+        policy.check_fresh(request.headers.get("X-GitHub-Event"), verified.value, time.time())
     await inbound.admission.admit("webhooks")
+    if policy.window:
+        first = await guard.first_delivery(verified.source, verified.body,
+                                           verified.delivery_id, policy.window)
+        if first != verified.delivery_id:  # the same signed body under a fresh delivery id
+            return intake_answer(Intake.DUPLICATE, item_id_for(verified.source, first))
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(
         keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload)
@@ -88,7 +105,8 @@ async def receive(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
-    install(app, runtime)
+    inbound = install(app, runtime)
+    app[REPLAY] = ReplayGuard(inbound.auto, runtime.settings)
     routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC)  # signed
 
 
