@@ -139,7 +139,7 @@ async def test_concurrent_writers_of_several_processes_get_gapless_ordered_offse
 
 
 async def test_one_pass_covers_the_writers_that_committed_while_another_ran(
-        runtime: Runtime) -> None:
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """Group commit of offsets: many writers of one process asking at once cost a couple of
     numbering passes, not one each."""
     sequencer = Sequencer(runtime.pg, runtime.cache)
@@ -155,11 +155,8 @@ async def test_one_pass_covers_the_writers_that_committed_while_another_ran(
         await _commit_pending(runtime, "pipeline", [("w", {"i": i})])
         await sequencer.sequence("pipeline")
 
-    feed.number_pending = counting  # type: ignore[assignment]
-    try:
-        await asyncio.gather(*(one(i) for i in range(20)))
-    finally:
-        feed.number_pending = real  # type: ignore[assignment]
+    monkeypatch.setattr(feed, "number_pending", counting)
+    await asyncio.gather(*(one(i) for i in range(20)))
     assert (await feed.read_page(runtime.pg, "pipeline", 0, 100)).last_offset == 20
     assert passes < 20
 
@@ -239,26 +236,15 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
     from gateway.push import sequencer as sequencer_module
     from tests.pipeline.test_worker import FAST
 
-    real = Sequencer.sequence
-    sweeping = False
+    real = feed.number_pending
+    broken = True
 
-    async def failing(self: Sequencer, topic: str) -> list[feed.FeedRow]:
-        if not sweeping:
+    async def failing(conn, topic, limit):  # type: ignore[no-untyped-def]
+        if broken:
             raise OSError("connection lost after the commit")
-        return await real(self, topic)
+        return await real(conn, topic, limit)
 
-    real_sweep = Sequencer.sweep
-
-    async def sweep(self: Sequencer, older_than_seconds: float | None = None) -> int:
-        nonlocal sweeping
-        sweeping = True
-        try:
-            return await real_sweep(self, older_than_seconds)
-        finally:
-            sweeping = False
-
-    monkeypatch.setattr(Sequencer, "sequence", failing)
-    monkeypatch.setattr(Sequencer, "sweep", sweep)
+    monkeypatch.setattr(feed, "number_pending", failing)
     monkeypatch.setattr(sequencer_module, "SWEEP_SECONDS", 0.1)
     monkeypatch.setattr(sequencer_module, "SWEEP_AGE_SECONDS", 3600.0)  # not yet
     for i in range(3):
@@ -272,6 +258,7 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
         await wait_until(graphed, timeout=20, message="3 items through every stage")
         assert await runtime.pg.fetchval("SELECT count(*) FROM feed_pending") == 12
         assert (await feed.read(runtime.pg, "pipeline", 0, 100))[1] == []
+        broken = False
         monkeypatch.setattr(sequencer_module, "SWEEP_AGE_SECONDS", 0.0)
 
         async def numbered() -> list[feed.FeedRow]:
