@@ -11,6 +11,7 @@ answers the JSON 404 or 405 (with ``Allow``) aiohttp would otherwise answer as t
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -21,8 +22,9 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.api.connection_settings import ConnectionSettings
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
-from gateway.api.state import AUTHENTICATE, PRINCIPAL, PUBLIC, RUNTIME
+from gateway.api.state import AUTHENTICATE, OVER_CAP, PRINCIPAL, PUBLIC, RUNTIME
 from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
 log = logging.getLogger("gateway.web")
@@ -46,10 +48,13 @@ _CLOSED = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 
 
 def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
-            query_token: bool = False, checks_revocation: bool = False) -> Handler:
+            query_token: bool = False, checks_revocation: bool = False,
+            body_seconds: float = 30.0) -> Handler:
     """``handler`` behind the size limit, the credential check for ``scope`` (none for
     ``PUBLIC``), JSON errors and metrics labelled ``route``. ``checks_revocation``: the
-    handler reads the principal's ``revocation_mark`` inside its own write."""
+    handler reads the principal's ``revocation_mark`` inside its own write. A body still on
+    its way when the handler would start is read first, within ``body_seconds`` (else 408),
+    so a slow sender holds its connection no longer, whatever the handler reads it with."""
 
     async def guarded_handler(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -60,7 +65,14 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
                 raise ApiError(413, "payload_too_large",
                                f"body of {length} bytes is over the limit of {max_bytes}",
                                {"Connection": "close"})
+            if request.body_exists and not request.content.is_eof():
+                await _read_in_time(request, body_seconds)
             if scope != PUBLIC:
+                over_cap = request.app.get(OVER_CAP)
+                if over_cap and request.transport in over_cap:
+                    raise ApiError(503, "busy", "this server holds too many connections; "
+                                   "only health checks and signed deliveries are served",
+                                   {"Retry-After": "5", "Connection": "close"})
                 authenticate = request.app.get(AUTHENTICATE)
                 if authenticate is None:  # nothing can vouch for anyone: closed
                     raise ApiError(401, "unauthorized", "no credentials are configured",
@@ -78,22 +90,37 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
     return guarded_handler
 
 
+async def _read_in_time(request: web.Request, seconds: float) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await request.read()  # kept by aiohttp: the handler's read returns it
+    except TimeoutError:
+        raise ApiError(408, "request_timeout", f"the body did not arrive within {seconds:g} s",
+                       {"Connection": "close"}) from None
+
+
+def _limits(app: web.Application) -> tuple[int, float]:
+    settings = app[RUNTIME].settings
+    return settings.max_body_bytes, ConnectionSettings.from_settings(settings).body_seconds
+
+
 def add(app: web.Application, method: str, path: str, handler: Handler, *, scope: str,
         query_token: bool = False, checks_revocation: bool = False) -> None:
     """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are
     added). Every route names the scope a credential needs (``PUBLIC``: none), so a new
     route cannot be added open by forgetting; ``query_token`` also accepts the credential as
     ``?access_token=`` (only where a browser cannot set headers: EventSource)."""
-    max_bytes = app[RUNTIME].settings.max_body_bytes
+    max_bytes, body_seconds = _limits(app)
     app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token,
-                                               checks_revocation))
+                                               checks_revocation, body_seconds))
 
 
 def get(app: web.Application, path: str, handler: Handler, *, scope: str,
         query_token: bool = False) -> None:
     """GET (and HEAD, as aiohttp's ``add_get`` does)."""
-    max_bytes = app[RUNTIME].settings.max_body_bytes
-    app.router.add_get(path, guarded(handler, path, max_bytes, scope, query_token))
+    max_bytes, body_seconds = _limits(app)
+    app.router.add_get(path, guarded(handler, path, max_bytes, scope, query_token,
+                                     body_seconds=body_seconds))
 
 
 def post(app: web.Application, path: str, handler: Handler, *, scope: str,
@@ -133,9 +160,9 @@ def fallback(app: web.Application) -> None:
             raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
         raise web.HTTPNotFound()
 
-    max_bytes = app[RUNTIME].settings.max_body_bytes
-    this = app.router.add_route("*", "/{tail:.*}", guarded(unmatched, UNMATCHED,
-                                                           max_bytes)).resource
+    max_bytes, body_seconds = _limits(app)
+    this = app.router.add_route("*", "/{tail:.*}", guarded(
+        unmatched, UNMATCHED, max_bytes, body_seconds=body_seconds)).resource
 
 
 def _error_response(exc: Exception, route: str) -> web.StreamResponse:

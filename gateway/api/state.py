@@ -3,6 +3,7 @@ readiness registry that ``/readyz`` reports."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -62,6 +63,9 @@ TopicGrant = Callable[[Principal, list[str]], Awaitable[set[str]]]
 TOPIC_GRANT: web.AppKey[TopicGrant] = web.AppKey("topic_grant")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")  # who the request is
 PUBLIC = "public"  # the scope of routes that need no credential (signed or harmless ones)
+# Connections accepted past the connection cap (``gateway.web.connections``): they may reach
+# only ``PUBLIC`` routes (health probes, signed inbound deliveries).
+OVER_CAP: web.AppKey[set[asyncio.BaseTransport]] = web.AppKey("over_cap", set)
 
 
 def principal_of(request: web.Request) -> Principal:

@@ -22,6 +22,7 @@ from gateway.app.process import Service, install_stop_signals, preflight
 from gateway.app.worker import reclaim_service
 from gateway.config import Settings
 from gateway.stores.runtime import open_runtime
+from gateway.web import connections
 from gateway.web.app import create_app
 
 log = logging.getLogger("gateway.serve")
@@ -42,11 +43,12 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
         return (False, "stopping") if stop.is_set() else (True, "running")
 
     add_readiness_check(app, "stopping", not_stopping)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS,
+                           **connections.runner_options(settings))
     tasks: list[asyncio.Task[None]] = []
     try:
         await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port)
+        site = connections.gated_site(runner, app, settings)
         await site.start()
         url = f"http://{settings.host}:{_bound_port(runner, settings.port)}"
         log.info("serving on %s", url)

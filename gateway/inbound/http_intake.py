@@ -85,7 +85,8 @@ async def read_body(request: web.Request) -> bytes:
         # Declared and within the limit (aiohttp enforces it). A small body usually arrived
         # with the headers and is complete already: take it without a read loop.
         if request.content.is_eof():
-            return request.content.read_nowait()
+            # Empty when the route guard has read a slow body already (request.read caches).
+            return request.content.read_nowait() or await request.read()
         return await request.read()
     chunks: list[bytes] = []
     size = 0

@@ -81,7 +81,7 @@ _TUNABLE = {"brute_max_failures": int, "brute_window": int, "brute_cooldown": in
             "brute_cache_seconds": float}
 
 
-def _trusted(address: str, proxies: Iterable[Network]) -> bool:
+def is_trusted(address: str, proxies: Iterable[Network]) -> bool:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -111,11 +111,11 @@ def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str
     ``NOBODY`` when the request came through trusted proxies that name no client, so that
     garbage sent through a proxy never blocks everyone behind it."""
     peer = request.remote or "unknown"
-    if not trusted_proxies or not _trusted(peer, trusted_proxies):
+    if not trusted_proxies or not is_trusted(peer, trusted_proxies):
         return group(peer)
     hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
     for hop in reversed([h for h in hops if h]):
-        if not _trusted(hop, trusted_proxies):
+        if not is_trusted(hop, trusted_proxies):
             try:
                 return group(str(ipaddress.ip_address(hop)))
             except ValueError:

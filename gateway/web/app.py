@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.access import authenticate
 from gateway.api import routes
-from gateway.api.state import RUNTIME
+from gateway.api.state import OVER_CAP, RUNTIME
 from gateway.inbound.http_intake import install as install_inbound
 from gateway.stores.runtime import Runtime
 
@@ -40,6 +40,7 @@ def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.
     # says why); unmatched requests reach the fallback route added last.
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[RUNTIME] = runtime
+    app[OVER_CAP] = set()  # filled by the connection gate of ``serve`` (web.connections)
     # Every scoped route checks credentials; a 401 counts in the same per-address barrier
     # as a bad webhook signature.
     authenticate.install(app, runtime, install_inbound(app, runtime).barrier)

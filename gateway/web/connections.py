@@ -1,0 +1,156 @@
+"""Connection admission: caps on open connections, in all and per client address, and what a
+connection past them may still do, so that a flood of connections (idle SSE streams, slow
+clients) cannot take the descriptors that platform deliveries and the balancer's probes need.
+
+* Past ``per_ip`` open connections from one address (IPv6 grouped by /64; a trusted proxy
+  is never capped, its clients are told apart by the routes' own limits), a new connection
+  is answered ``429`` + ``Retry-After`` and closed before a byte of it is read.
+* Past ``max`` a connection is still accepted, but it may only reach the routes that need no
+  credential (``/healthz``, ``/readyz``, the signed inbound routes, the dashboard page): any
+  other answers ``503`` + ``Retry-After`` and closes (``gateway.api.routes``).
+* Past ``max + reserve`` it is answered ``503`` at once and closed.
+
+Idle connections, and connections that send no complete request head, are closed by
+aiohttp's keep-alive timer (``idle_seconds``), which also runs from the moment a connection
+opens: a slow-header client holds its descriptor at most that long. Slow bodies are cut by
+``body_seconds`` where the body is read (``gateway.inbound.http_intake``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.api.connection_settings import ConnectionSettings
+from gateway.api.state import OVER_CAP
+from gateway.config import Settings
+from gateway.security.brute import BruteSettings, group, is_trusted
+
+
+def _refusal(status: int, reason: str, code: str, detail: str) -> bytes:
+    body = json.dumps({"error": code, "detail": detail}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Retry-After: 5\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+_PER_IP = _refusal(429, "Too Many Requests", "rate_limited",
+                   "too many open connections from this address")
+_FULL = _refusal(503, "Service Unavailable", "busy", "this server holds too many connections")
+
+
+class ConnectionGate:
+    """Counts open connections (one process) and decides each new one's fate."""
+
+    def __init__(self, config: ConnectionSettings, brute: BruteSettings,
+                 over_cap: set[asyncio.BaseTransport]) -> None:
+        self.config = config
+        self.most, self.hard = config.caps()
+        self.trusted = brute.trusted_proxies
+        self.over_cap = over_cap
+        self.open = 0
+        self.per_ip: dict[str, int] = {}
+
+    def admit(self, transport: asyncio.BaseTransport) -> tuple[str | None, bytes | None]:
+        """(the address counted or None, the refusal to send or None)."""
+        peer = transport.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        if self.open >= self.hard:
+            return None, _FULL
+        address = None if not host or is_trusted(host, self.trusted) else group(host)
+        if address is not None and self.per_ip.get(address, 0) >= self.config.per_ip:
+            return None, _PER_IP
+        self.open += 1
+        if address is not None:
+            self.per_ip[address] = self.per_ip.get(address, 0) + 1
+        if self.open > self.most:
+            self.over_cap.add(transport)
+        return address or "", None
+
+    def release(self, transport: asyncio.BaseTransport, address: str) -> None:
+        self.open -= 1
+        self.over_cap.discard(transport)
+        if address:
+            left = self.per_ip[address] - 1
+            if left:
+                self.per_ip[address] = left
+            else:
+                del self.per_ip[address]
+
+
+class _Admitted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, behind the gate."""
+
+    def __init__(self, gate: ConnectionGate, inner: asyncio.Protocol) -> None:
+        self.gate = gate
+        self.inner = inner
+        self.transport: asyncio.BaseTransport | None = None
+        self.address: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.address, refusal = self.gate.admit(transport)
+        if refusal is not None:
+            assert isinstance(transport, asyncio.WriteTransport)
+            transport.write(refusal)
+            transport.close()
+            return
+        self.transport = transport
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.transport is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:
+            return
+        self.gate.release(self.transport, self.address or "")
+        self.transport = None
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class GatedSite(web.TCPSite):
+    """A TCP site whose connections pass the gate before aiohttp's protocol sees them."""
+
+    def __init__(self, runner: web.BaseRunner, gate: ConnectionGate, host: str, port: int,
+                 **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self.gate = gate
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        factory: Callable[[], asyncio.Protocol] = server
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Admitted(self.gate, factory()), self._host, self._port,
+            backlog=self._backlog, reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port)
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+def runner_options(settings: Settings) -> dict[str, Any]:
+    """``AppRunner`` arguments that bound a connection's idle time."""
+    return {"keepalive_timeout": ConnectionSettings.from_settings(settings).idle_seconds}
+
+
+def gated_site(runner: web.AppRunner, app: web.Application, settings: Settings,
+               **kwargs: Any) -> GatedSite:
+    """The site ``serve`` listens on, with the caps of ``[connections]``."""
+    gate = ConnectionGate(ConnectionSettings.from_settings(settings),
+                          BruteSettings.from_section(settings.section("security")),
+                          app[OVER_CAP])
+    return GatedSite(runner, gate, settings.host, settings.port, **kwargs)
