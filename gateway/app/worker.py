@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from gateway.app.process import Service, install_stop_signals
 from gateway.config import Settings
+from gateway.knowledge import embedders
 from gateway.knowledge.stages import DEFAULTS
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import Handler, load_handlers
@@ -47,6 +48,8 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
                       handlers: dict[str, Handler] | None = None) -> None:
     config = config or WorkerConfig.from_settings(runtime.settings)
     handlers = handlers or load_handlers(runtime.settings.section("pipeline"), DEFAULTS)
+    if "embed" in stages:  # a wrong [pipeline] embedder stops the start, not every item
+        embedders.for_runtime(runtime)
     sequencer = Sequencer(runtime.pg, runtime.cache)  # one numbering pass for every stage
     tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config,
                                              sequencer=sequencer)

@@ -108,15 +108,6 @@ def configured(settings: Any) -> str:
     return spec
 
 
-def for_runtime(runtime: Any) -> Embedder:
-    """The configured embedder of this process."""
-    spec = configured(runtime.settings)
-    if spec == LOCAL:
-        return local()
-    raise ConfigError("GATEWAY_CONFIG [pipeline].embedder",
-                      f"{spec!r}: provider embedders are not available yet; use \"local\"")
-
-
 def configured_name(settings: Any) -> str:
     """The name the configured embedder's vectors are recorded under (before ``@dims``)."""
     spec = configured(settings)

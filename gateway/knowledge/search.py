@@ -16,7 +16,7 @@ import secrets
 from typing import Any
 
 from gateway import keys
-from gateway.knowledge import embedding, vectors
+from gateway.knowledge import embedders, embedding, vectors
 from gateway.pipeline import metrics
 from gateway.stores.redis import AnyRedis
 
@@ -53,7 +53,7 @@ async def rank(runtime: Any, query: str, limit: int,
     """Chunks by cosine similarity to the query, embedded by the configured embedder and
     compared only with that model's vectors; ``timeout`` cancels the statement on the
     server (asyncpg) past that many seconds."""
-    embedder = embedding.for_runtime(runtime)
+    embedder = embedders.for_runtime(runtime)
     vector = (await embedder.embed([query], purpose="search"))[0]
     if not vector.any():
         return []

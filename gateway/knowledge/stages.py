@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from gateway.knowledge import embedding, search, vectors
-from gateway.pipeline.handlers import Handler, PermanentError, StageContext
+from gateway.knowledge import embedders, embedding, remote, search, vectors
+from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
+from gateway.providers import OverBudget
 
 CHUNK_CHARS = 800
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -78,15 +79,19 @@ async def chunk(ctx: StageContext) -> None:
 
 
 async def embed(ctx: StageContext) -> None:
-    """A vector per chunk from the configured embedder (all of a document's chunks in one
-    call), recorded with the model that made it; new vectors change search answers, so the
-    search cache generation moves on after the commit."""
+    """A vector per chunk from the configured embedder (a document's chunks together: in
+    batches for a provider), recorded with the model that made it; a spent budget delays
+    the item. New vectors change search answers, so the search cache generation moves on
+    after the commit."""
     rows = await ctx.conn.fetch(
         "SELECT seq, body FROM pipeline_chunks WHERE item_id = $1 ORDER BY seq", ctx.item_id)
     if not rows:
         return
-    embedder = embedding.for_runtime(ctx.runtime)
-    found = await embedder.embed([r["body"] for r in rows], job=ctx.item_id)
+    embedder = embedders.for_runtime(ctx.runtime)
+    try:
+        found = await embedder.embed([r["body"] for r in rows], job=ctx.item_id)
+    except OverBudget as exc:  # it waits for the budget; it has done nothing wrong
+        raise Deferred(remote.budget_delay(ctx.runtime.settings), str(exc)) from exc
     model = embedding.model_id(embedder.name, found.shape[1])
     await vectors.ensure_index(ctx.runtime, model, found.shape[1])
     await vectors.write(ctx.conn, ctx.runtime, ctx.item_id, [r["seq"] for r in rows], found, model)

@@ -23,6 +23,15 @@ class PermanentError(Exception):
     """The item can never succeed at this stage (bad document): dead-letter at once."""
 
 
+class Deferred(Exception):
+    """The item cannot run now but will later (a spent AI budget): it waits ``seconds`` in
+    the stage's delayed set, and no failure is counted, so waiting never dead-letters it."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.seconds = seconds
+
+
 @dataclass
 class StageContext:
     item_id: str

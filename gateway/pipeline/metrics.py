@@ -7,6 +7,8 @@ from prometheus_client import Counter, Gauge, Histogram
 ENQUEUED = Counter("gateway_pipeline_enqueued_total", "items enqueued into a stage", ["stage"])
 COMPLETED = Counter("gateway_pipeline_completed_total", "stage completions", ["stage"])
 FAILED = Counter("gateway_pipeline_failed_total", "handler failures", ["stage"])
+DELAYED = Counter("gateway_pipeline_delayed_total", "items told to wait (a spent budget)",
+                  ["stage"])
 RECLAIMED = Counter("gateway_pipeline_reclaimed_total", "expired leases reclaimed", ["stage"])
 DEAD_LETTERED = Counter("gateway_pipeline_dead_lettered_total", "items dead-lettered",
                         ["stage"])

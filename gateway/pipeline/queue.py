@@ -262,6 +262,18 @@ async def fail(durable: AnyRedis, lease: LeasedItem, reason: str, *, max_failure
                        ready_at_ms=None if kind == "dead" else int(when))
 
 
+async def delay(durable: AnyRedis, lease: LeasedItem, delay_ms: int) -> FailOutcome:
+    """Put the item back to wait ``delay_ms`` (a spent budget): no failure is counted."""
+    stage = lease.stage
+    reply = await scripts_for(durable).delay(
+        keys=[inflight_key(stage), deadline_key(stage), delayed_key(stage), meta_key(),
+              stats_key(stage)],
+        args=[lease.item_id, lease.token, str(max(1, delay_ms))])
+    if not isinstance(reply, list):
+        return FailOutcome(LeaseResult(int(reply)))
+    return FailOutcome(LeaseResult.OK, ready_at_ms=int(reply[1]))
+
+
 def reclaim_call(stage: str, *, max_reclaims: int,
                  batch: int) -> tuple[list[str], list[str]]:
     keys = [inflight_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
@@ -303,6 +315,7 @@ __all__ = [
     "add_call",
     "complete",
     "complete_many",
+    "delay",
     "enqueue",
     "enqueue_at",
     "fail",

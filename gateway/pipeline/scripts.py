@@ -13,7 +13,7 @@ from gateway.stores.scripts import bound_scripts
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("add", "fetch", "heartbeat", "complete", "fail", "reclaim", "requeue", "release",
-         "purge", "upgrade", "claim_add", "guard_add")
+         "purge", "upgrade", "claim_add", "guard_add", "delay")
 # Scripts that call another script's body as a local function: name -> (function, script).
 _EMBEDS = {"claim_add": ("add_item", "add"), "guard_add": ("add_item", "add")}
 
@@ -45,6 +45,7 @@ class Scripts:
     upgrade: Any
     claim_add: Any
     guard_add: Any
+    delay: Any
 
 
 def scripts_for(client: AnyRedis) -> Scripts:

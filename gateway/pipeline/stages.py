@@ -90,6 +90,7 @@ def ready_keys(stage: str) -> tuple[str, ...]:
 
 inflight_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")
 deadline_key = _per_stage("deadline", "ZSET item -> lease deadline ms (RECLAIM's index).")
-delayed_key = _per_stage("delayed", "ZSET item -> ms when a retry becomes due.")
+delayed_key = _per_stage("delayed", "ZSET item -> ms when a retry (or a delay) is due.")
 dead_key = _per_stage("dead", "LIST of dead-letter JSON entries.")
-stats_key = _per_stage("stats", "HASH of enqueued/completed/failed/reclaimed/dead counters.")
+stats_key = _per_stage("stats", "HASH of enqueued/completed/failed/delayed/reclaimed/dead "
+                       "counters.")

@@ -26,7 +26,7 @@ import asyncpg
 from gateway.config import Settings, positive_numbers
 from gateway.leases.maintenance import REFRESH_SECONDS, view_for
 from gateway.pipeline import metrics, queue
-from gateway.pipeline.handlers import Handler, PermanentError, StageContext
+from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
 from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
 from gateway.push import feed
 from gateway.push.sequencer import Sequencer
@@ -67,7 +67,7 @@ class WorkerConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
         tuned = positive_numbers(settings.section("pipeline"), _TUNABLE,
-                                 "GATEWAY_CONFIG [pipeline]", other=("handlers", "embedder"))
+                                 "GATEWAY_CONFIG [pipeline]", other=_OTHERS)
         return cls(lease=settings.lease_seconds, heartbeat=settings.heartbeat_seconds,
                    reclaim_interval=settings.reclaim_seconds,
                    max_reclaims=settings.max_reclaims, max_failures=settings.max_failures,
@@ -82,9 +82,11 @@ class WorkerConfig:
         return max(1, int(self.lease * 1000))
 
 
-# [pipeline] keys read here; "handlers" is read by gateway.pipeline.handlers.
+# [pipeline] keys read here; "handlers" is read by gateway.pipeline.handlers, the embed
+# stage's keys by gateway.knowledge.
 _TUNABLE = {"backoff_seconds": float, "backoff_cap_seconds": float, "batch": int,
             "shutdown_grace_seconds": float}
+_OTHERS = ("handlers", "embedder", "embed_batch", "budget_delay_seconds")
 
 
 async def run_together(tasks: list[asyncio.Task[None]]) -> None:
@@ -349,6 +351,11 @@ class StageWorker:
     async def _fail(self, lease: queue.LeasedItem, exc: BaseException) -> None:
         if isinstance(exc, HandlerFailed):
             exc = exc.cause
+        if isinstance(exc, Deferred):
+            log.info("%s %s delayed %.0f s: %s", self.stage, lease.item_id, exc.seconds, exc)
+            metrics.DELAYED.labels(self.stage).inc()
+            await queue.delay(self.runtime.durable, lease, int(exc.seconds * 1000))
+            return
         dead = isinstance(exc, PermanentError)
         reason = f"{'permanent: ' if dead else ''}{type(exc).__name__}: {exc}"
         log.info("%s %s failed: %s", self.stage, lease.item_id, reason)

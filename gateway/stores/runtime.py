@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
@@ -23,10 +24,20 @@ class Runtime:
     durable: AnyRedis
     cache: AnyRedis
     pg: asyncpg.Pool
+    # Per-process clients built on these stores by the rooms above (e.g. "providers", the
+    # model providers): made once, shared by every component, closed (``await x.close()``)
+    # before the stores.
+    shared: dict[str, Any] = field(default_factory=dict)
 
     async def close(self) -> None:
-        """Close the stores, bounded: asyncpg's graceful close waits for every connection to
-        be released, so a connection a cancelled task still holds would keep it forever."""
+        """Close the shared clients, then the stores, bounded: asyncpg's graceful close waits
+        for every connection to be released, so a connection a cancelled task still holds
+        would keep it forever."""
+        shared, self.shared = list(self.shared.values()), {}
+        for client in shared:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await client.close()
         try:
             async with asyncio.timeout(CLOSE_SECONDS):
                 await self.pg.close()

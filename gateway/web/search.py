@@ -15,6 +15,7 @@ from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
 from gateway.knowledge import search as pipeline_search
+from gateway.providers import OverBudget, ProviderError
 from gateway.stores.runtime import Runtime
 
 
@@ -41,10 +42,17 @@ async def search(request: web.Request) -> web.Response:
         except TimeoutError:
             raise ApiError(503, "timeout", f"the search took longer than {budget.timeout:g} s;"
                            " narrow it or retry", {"Retry-After": str(RETRY_SECONDS)}) from None
+        except OverBudget:
+            raise ApiError(503, "over_budget", "the embedder's daily token budget is spent",
+                           {"Retry-After": str(BUDGET_RETRY_SECONDS)}) from None
+        except ProviderError:
+            raise ApiError(503, "embedder_unavailable", "no provider could embed the query",
+                           {"Retry-After": str(RETRY_SECONDS)}) from None
     return web.json_response({"query": query, "results": results})
 
 
 RETRY_SECONDS = 2
+BUDGET_RETRY_SECONDS = 300
 
 
 class SearchBudget:
