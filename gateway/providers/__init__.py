@@ -37,9 +37,18 @@ from gateway.providers.errors import (
     Unavailable,
 )
 from gateway.providers.registry import ModelProviders
-from gateway.providers.usage import Budgets, Charge, UsageLedger, budgets
+from gateway.providers.usage import (
+    GROUPS,
+    Budgets,
+    Charge,
+    UsageLedger,
+    budgets,
+    start_of_day,
+    usage_report,
+)
 
 __all__ = [
+    "GROUPS",
     "Budget",
     "Budgets",
     "Chain",
@@ -62,4 +71,6 @@ __all__ = [
     "budgets",
     "estimate_tokens",
     "provider_configs",
+    "start_of_day",
+    "usage_report",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -119,13 +119,20 @@ class UsageLedger:
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
 
-    async def report(self, group: str, since: datetime) -> list[dict[str, Any]]:
-        """Sums of the rows since ``since`` by ``group`` (a key of ``GROUPS``)."""
-        expression = GROUPS[group]
-        rows = await self.pool.fetch(
-            f"SELECT {expression} AS key, count(*) AS calls, sum(tokens_in) AS tokens_in, "
-            f"sum(tokens_out) AS tokens_out FROM provider_usage WHERE created_at >= $1 "
-            f"GROUP BY 1 ORDER BY 1", since)
-        return [{"key": row["key"], "calls": row["calls"], "tokens_in": int(row["tokens_in"]),
-                 "tokens_out": int(row["tokens_out"]),
-                 "tokens": int(row["tokens_in"]) + int(row["tokens_out"])} for row in rows]
+
+def start_of_day(days_back: int = 0) -> datetime:
+    """Midnight UTC ``days_back`` days ago (the day budgets and reports count from)."""
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=days_back)
+
+
+async def usage_report(pool: asyncpg.Pool, group: str, since: datetime) -> list[dict[str, Any]]:
+    """Sums of the rows since ``since`` by ``group`` (a key of ``GROUPS``), by key."""
+    expression = GROUPS[group]
+    rows = await pool.fetch(
+        f"SELECT {expression} AS key, count(*) AS calls, sum(tokens_in) AS tokens_in, "
+        f"sum(tokens_out) AS tokens_out FROM provider_usage WHERE created_at >= $1 "
+        f"GROUP BY 1 ORDER BY 1", since)
+    return [{"key": row["key"], "calls": row["calls"], "tokens_in": int(row["tokens_in"]),
+             "tokens_out": int(row["tokens_out"]),
+             "tokens": int(row["tokens_in"]) + int(row["tokens_out"])} for row in rows]

@@ -22,6 +22,7 @@ from gateway.inbound.http_intake import INBOUND
 from gateway.inbound.mattermost import health as mattermost_health
 from gateway.leases.maintenance import view_for
 from gateway.pipeline.status import queue_depths
+from gateway.providers.usage import start_of_day, usage_report
 from gateway.push import feed
 from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime
@@ -73,6 +74,7 @@ async def summary(request: web.Request) -> web.Response:
     heads = await _part("feed", errors, feed.heads(runtime.pg, [PIPELINE_TOPIC]))
     maintenance = await _part("maintenance", errors, view_for(runtime.durable).current())
     admission = await _part("admission", errors, request.app[INBOUND].admission.state())
+    usage = await _part("usage", errors, usage_report(runtime.pg, "provider", start_of_day()))
     stages = (queues or {}).get("stages")
     hub = request.app[HUB]
     return web.json_response({
@@ -86,6 +88,7 @@ async def summary(request: web.Request) -> web.Response:
         "push": {"signals_up": hub.signals_up, "streams": hub.subscriber_count},
         "maintenance": maintenance.to_json() if maintenance else None,
         "admission": admission,
+        "usage": usage,  # model provider calls today, by provider
         "errors": errors,
     })
 

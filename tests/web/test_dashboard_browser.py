@@ -1,6 +1,6 @@
 """The dashboard in headless Chromium (Debian ``chromium`` driven by Playwright): the page
-loads, goes live on the SSE stream, and a job posted during the test shows up in its feed
-once a pipeline worker completes a stage."""
+loads, goes live on the SSE stream, shows today's model provider usage, and a job posted
+during the test shows up in its feed once a pipeline worker completes a stage."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
     rt = await open_runtime(dataclasses.replace(settings, jwt_secret=Secret(JWT_SECRET)))
     client = await make_client(create_app(rt), rt=rt)
     url = str(client.make_url("/"))
+    # One model provider call today: the usage panel shows it.
+    await runtime.pg.execute(
+        "INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out)"
+        " VALUES ('fakeprov', 'm', 'chat', 120, 34)")
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(runtime, stop, concurrency=2))
     try:
@@ -72,6 +76,8 @@ async def test_a_job_posted_during_the_test_appears_on_the_page(
                     timeout=15000)
                 await page.wait_for_selector("#queues tbody tr[data-stage='graph']",
                                              timeout=15000)
+                usage = page.locator("#usage tbody tr[data-provider='fakeprov'] td")
+                assert await usage.all_inner_texts() == ["fakeprov", "1", "120", "34"]
                 posted = await client.post("/v1/jobs", json={
                     "job_id": "browser-job-1", "document": {"text": "seen in a browser"}})
                 assert posted.status == 202
