@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rtt import RoundTripCounter  # sibling bench script
+from stores import embedded_runtime  # sibling bench script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,8 +50,6 @@ from gateway.inbox.entry import Entry
 from gateway.outbound.delivery import Send
 from gateway.push import feed
 from gateway.ratelimit import Limiter
-from gateway.stores import embedded
-from gateway.stores.migrate import migrate_url
 from gateway.stores.runtime import Runtime, open_runtime
 
 CONCURRENCY = 32
@@ -249,38 +248,22 @@ async def round_trips_per_message(settings: Settings, messages: int = 200,
 
 
 async def main_async(args: argparse.Namespace, root: Path) -> None:
-    servers: list[embedded.RedisServer | embedded.PostgresServer] = []
-    try:
-        durable = embedded.RedisServer("durable", root / "durable", embedded.new_password())
-        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password())
-        pg = embedded.PostgresServer(root / "pg")
-        for server in (durable, cache, pg):
-            servers.append(server.start())
-        await migrate_url(pg.url)
-        settings = dataclasses.replace(
-            Settings(durable_url=durable.url, cache_url=cache.url, database_url=pg.url),
-            sections=SECTIONS)
-        rt = await open_runtime(settings, pg_max_size=args.chats + 2)
-        try:
-            for round_no in range(1, args.rounds + 1):
-                limited, plain = await limiter_round(rt, args.calls)
-                print(f"round {round_no} limiter: check {limited:,.0f}/s, SET NX EX "
-                      f"{plain:,.0f}/s, ratio {limited / plain:.2f}")
-                service, bare = await conversation_round(rt, args.messages, args.chats,
-                                                         round_no)
-                print(f"round {round_no} conversations: handle_incoming {service:,.0f} msg/s,"
-                      f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
-                per_chat = args.messages // args.chats
-                stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
-                whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
-                print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
-                      f"{stored / bare:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
-                      f"{whole / bare:.2f}) vs bare insert+feed")
-            await round_trips_per_message(settings)
-        finally:
-            await rt.close()
-    finally:
-        embedded.stop_all(servers)
+    async with embedded_runtime(root, SECTIONS, pg_max_size=args.chats + 2) as rt:
+        for round_no in range(1, args.rounds + 1):
+            limited, plain = await limiter_round(rt, args.calls)
+            print(f"round {round_no} limiter: check {limited:,.0f}/s, SET NX EX "
+                  f"{plain:,.0f}/s, ratio {limited / plain:.2f}")
+            service, bare = await conversation_round(rt, args.messages, args.chats,
+                                                     round_no)
+            print(f"round {round_no} conversations: handle_incoming {service:,.0f} msg/s,"
+                  f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
+            per_chat = args.messages // args.chats
+            stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
+            whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
+            print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
+                  f"{stored / bare:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
+                  f"{whole / bare:.2f}) vs bare insert+feed")
+        await round_trips_per_message(rt.settings)
 
 
 def main() -> None:

@@ -7,9 +7,13 @@ scan (migration 0009). ::
     daily_tokens_per_chat = 20000       # one chat's calls today (its chat key)
     daily_tokens_per_account = 200000   # one account's calls today
     daily_tokens = 2000000              # every call today
+    daily_tokens_recheck_seconds = 1    # the day's total is re-read at most this often
 
-A budget is reached once today's sum is at or above it; the call that crosses it runs, so a
-day ends at most one call (and the calls already in flight) above its budget.
+The day's total sums every row of the day, so each process reads it at most once a second
+(concurrent callers share the read); a chat's and an account's sums cover their own rows
+only and are read on every call, in one statement. A budget is reached once today's sum is
+at or above it; the call that crosses it runs, so a day ends at most one call (and the calls
+in flight, and for the total a second's calls) above its budget.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncpg
 from gateway.config import ConfigError, Settings
 from gateway.providers.client import Usage
 from gateway.providers.errors import Budget, OverBudget
+from gateway.stores.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +42,20 @@ GROUPS: Mapping[str, str] = {
 
 _TODAY = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 
-# One statement for the three budgets; a budget that is not configured is not summed.
+# The day's total is a sum over every row of the day: read at most every
+# ``recheck_seconds`` per process (shared by concurrent callers). A chat's and an account's
+# sums cover only their own rows: one statement per call, exact.
+_TOTAL = f"""
+SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage WHERE created_at >= {_TODAY}
+"""
 _CHECK = f"""
 SELECT
-  CASE WHEN $1 THEN (SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-                     WHERE created_at >= {_TODAY}) END,
+  CASE WHEN $1::text IS NOT NULL THEN (
+       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+       WHERE chat_key = $1 AND created_at >= {_TODAY}) END,
   CASE WHEN $2::text IS NOT NULL THEN (
        SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-       WHERE chat_key = $2 AND created_at >= {_TODAY}) END,
-  CASE WHEN $3::text IS NOT NULL THEN (
-       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-       WHERE account = $3 AND created_at >= {_TODAY}) END
+       WHERE account = $2 AND created_at >= {_TODAY}) END
 """
 
 _RECORD = """
@@ -71,6 +79,7 @@ class Budgets:
     per_chat: int | None = None
     per_account: int | None = None
     total: int | None = None
+    recheck_seconds: float = 1.0  # how stale the day's total may be (0: read every call)
 
 
 def budgets(settings: Settings) -> Budgets:
@@ -82,8 +91,11 @@ def budgets(settings: Settings) -> Budgets:
                                   or value <= 0):
             raise ConfigError(f"[budgets].{name}", "must be a positive whole number")
         values[name] = value
+    recheck = section.get("daily_tokens_recheck_seconds", 1.0)
+    if isinstance(recheck, bool) or not isinstance(recheck, int | float) or recheck < 0:
+        raise ConfigError("[budgets].daily_tokens_recheck_seconds", "must be a number >= 0")
     return Budgets(values["daily_tokens_per_chat"], values["daily_tokens_per_account"],
-                   values["daily_tokens"])
+                   values["daily_tokens"], float(recheck))
 
 
 class UsageLedger:
@@ -92,16 +104,20 @@ class UsageLedger:
     def __init__(self, pool: asyncpg.Pool, limits: Budgets) -> None:
         self.pool = pool
         self.limits = limits
+        self.total: Refreshed[int] = Refreshed(self._read_total, 0, limits.recheck_seconds)
+
+    async def _read_total(self) -> int:
+        return int(await self.pool.fetchval(_TOTAL))
 
     async def check(self, charge: Charge) -> None:
         """Raise ``OverBudget`` when a configured budget of ``charge`` is reached today."""
         limits = self.limits
         chat = charge.chat if limits.per_chat is not None else None
         account = charge.account if limits.per_account is not None else None
-        if limits.total is None and chat is None and account is None:
-            return
-        total, chat_used, account_used = await self.pool.fetchrow(
-            _CHECK, limits.total is not None, chat, account)
+        total = await self.total.get() if limits.total is not None else None
+        chat_used = account_used = None
+        if chat is not None or account is not None:
+            chat_used, account_used = await self.pool.fetchrow(_CHECK, chat, account)
         for scope, used, limit in (("total", total, limits.total),
                                    ("chat", chat_used, limits.per_chat),
                                    ("account", account_used, limits.per_account)):

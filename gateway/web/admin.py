@@ -16,6 +16,7 @@ from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges
 from gateway.stores.runtime import Runtime
+from gateway.web.usage import usage
 
 
 def _stage(request: web.Request) -> str:
@@ -96,3 +97,4 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters, scope="admin")
     routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue,
                 scope="admin")
+    routes.get(app, "/v1/admin/usage", usage, scope="admin")

@@ -27,7 +27,6 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.inbound.telegram",
     "gateway.inbound.slack",
     "gateway.web.admin",
-    "gateway.web.usage",
     "gateway.web.search",
     "gateway.push.web",
     "gateway.web.dashboard",

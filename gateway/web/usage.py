@@ -1,16 +1,15 @@
 """``GET /v1/admin/usage?group=provider|model|chat|day[&days=N]``: the sums of the model
 provider usage rows (calls, tokens in, out and both) by one key, from midnight UTC ``days``
-days back (1 = today, the default 30). Admin scope: chat keys name conversations."""
+days back (1 = today, the default 30). Admin scope (declared in ``admin.py`` with the other
+admin routes): chat keys name conversations."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
 from gateway.providers.usage import GROUPS, start_of_day, usage_report
-from gateway.stores.runtime import Runtime
 
 MAX_DAYS = 366
 
@@ -30,7 +29,3 @@ async def usage(request: web.Request) -> web.Response:
     since = start_of_day(_days(request.query.get("days")) - 1)
     rows = await usage_report(request.app[RUNTIME].pg, group, since)
     return web.json_response({"group": group, "since": since.isoformat(), "rows": rows})
-
-
-def setup(app: web.Application, runtime: Runtime) -> None:
-    routes.get(app, "/v1/admin/usage", usage, scope="admin")

@@ -28,7 +28,7 @@ async def test_budgets_stop_calls_at_each_limit(
         fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
     chain = make_providers(("a", fake_openai), budgets={
         "daily_tokens_per_chat": 30, "daily_tokens_per_account": 50,
-        "daily_tokens": 80}).chain(["a"])
+        "daily_tokens": 80, "daily_tokens_recheck_seconds": 0}).chain(["a"])
     # Chat budget 30: calls at 0, 9, 18, 27 tokens used run; at 36 the chat is over.
     made, over = await calls_until_over(chain, Charge(chat="tg:1", account="alice"))
     assert made == 4 and over.budget.scope == "chat" and over.budget.used == 36
@@ -65,3 +65,17 @@ async def test_rows_name_provider_model_and_charge_and_no_budget_means_no_limit(
         {"provider": "a", "model": "chat-1", "kind": "chat", "tokens_in": 4, "tokens_out": 5,
          "estimated": False, "chat_key": "sl:C1", "job_id": None, "account": "carol"},
     ]
+
+
+async def test_the_days_total_is_read_at_most_once_per_recheck_interval(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders) -> None:
+    providers = make_providers(("a", fake_openai), budgets={
+        "daily_tokens": 20, "daily_tokens_recheck_seconds": 3600})
+    chain = providers.chain(["a"])
+    for _ in range(3):  # 9 tokens each: past 20, but the total read before the first is 0
+        await chain.chat("m", HELLO)
+    assert providers.ledger is not None and providers.ledger.total.reads == 1
+    providers.ledger.total.interval = 0  # the next check reads it again: 27 >= 20
+    with pytest.raises(OverBudget) as info:
+        await chain.chat("m", HELLO)
+    assert (info.value.budget.scope, info.value.budget.used) == ("total", 27)

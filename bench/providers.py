@@ -1,0 +1,129 @@
+"""Model provider calls: what the chain adds to a call, and what a budget check costs.
+
+Run from the repository root: ``python bench/providers.py [--calls 2000] [--rows 10000,100000]``.
+
+1. Chain overhead: ``Chain.embeddings`` (budget check with all three budgets set, the
+   provider's ``rl:`` slot and request+tokens windows, the call, the tokens settled, the
+   usage row) vs the bare ``OpenAIClient.embeddings`` (the same HTTP call alone), both
+   against the fake OpenAI-compatible server on loopback (``tests/fakes/openai.py``), same
+   16 coroutines, limits set high so nothing waits. The ratio is calls/s chain / bare.
+2. Budget check: ``UsageLedger.check`` (one statement, three index-only sums over today's
+   rows) at N usage rows today (spread over 1,000 chats and 100 accounts), p50/p99, vs
+   ``SELECT 1`` on the same pool (the floor of any statement).
+
+Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stores import embedded_runtime, run_in_tempdir  # sibling bench script
+
+from gateway.providers import Charge, ModelProviders, UsageLedger, budgets
+from gateway.stores.runtime import Runtime
+from tests.fakes.openai import FakeOpenAI, provider_tables
+
+CONCURRENCY = 16
+KEY = "sk-bench"
+BUDGETS = {"daily_tokens_per_chat": 10**12, "daily_tokens_per_account": 10**12,
+           "daily_tokens": 10**12}
+
+
+async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> float:
+    """Calls/s of ``one(i)`` for i in range(calls), from CONCURRENCY coroutines."""
+    counter = iter(range(calls))
+
+    async def worker() -> None:
+        for i in counter:
+            await one(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return calls / (time.perf_counter() - started)
+
+
+async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int) -> tuple[float, float]:
+    tables = provider_tables(("bench", fake), key_env="BENCH_KEY",
+                             requests_per_minute=10**7, tokens_per_minute=10**9,
+                             concurrent=CONCURRENCY)
+    settings = dataclasses.replace(rt.settings, sections={"providers": tables,
+                                                          "budgets": BUDGETS})
+    providers = ModelProviders.from_settings(settings, rt.durable, rt.pg,
+                                             environ={"BENCH_KEY": KEY})
+    try:
+        chain, client = providers.chain(["bench"]), providers.client("bench")
+        texts = ["a short chunk of text to embed"] * 4
+        await rate(50, lambda i: client.embeddings("m", texts))  # warm-up
+        bare = await rate(calls, lambda i: client.embeddings("m", texts))
+        full = await rate(calls, lambda i: chain.embeddings(
+            "m", texts, charge=Charge(chat=f"c{i % 50}", account=f"a{i % 5}")))
+    finally:
+        await providers.close()
+    return full, bare
+
+
+async def check_round(rt: Runtime, rows: int, samples: int = 500) -> tuple[float, ...]:
+    await rt.pg.execute("TRUNCATE provider_usage")
+    await rt.pg.execute(
+        "INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out, chat_key,"
+        " account, created_at) SELECT 'p', 'm', 'chat', 100, 20, 'chat-' || (i % 1000),"
+        " 'acct-' || (i % 100), now() - make_interval(secs => (i % 3600))"
+        " FROM generate_series(1, $1) AS i", rows)
+    await rt.pg.execute("VACUUM ANALYZE provider_usage")
+    ledger = UsageLedger(rt.pg, budgets(dataclasses.replace(
+        rt.settings, sections={"budgets": BUDGETS})))
+
+    async def timed(one: Callable[[int], Awaitable[object]]) -> list[float]:
+        out = []
+        for i in range(samples):
+            started = time.perf_counter()
+            await one(i)
+            out.append((time.perf_counter() - started) * 1e6)
+        return sorted(out)
+
+    check = await timed(lambda i: ledger.check(Charge(chat=f"chat-{i % 1000}",
+                                                       account=f"acct-{i % 100}")))
+    floor = await timed(lambda i: rt.pg.fetchval("SELECT 1"))
+    p99 = int(samples * 0.99)
+    return (statistics.median(check), check[p99], statistics.median(floor), floor[p99])
+
+
+async def main_async(args: argparse.Namespace, root: Path) -> None:
+    async with embedded_runtime(root, pg_max_size=CONCURRENCY + 2) as rt:
+        async with FakeOpenAI(api_key=KEY) as fake:
+            for round_no in range(1, args.rounds + 1):
+                full, bare = await chain_round(rt, fake, args.calls)
+                print(f"round {round_no} chain: {full:,.0f} calls/s, bare client "
+                      f"{bare:,.0f} calls/s, ratio {full / bare:.2f}")
+                fake.reset()
+        for round_no in range(1, args.rounds + 1):
+            for rows in args.rows:
+                c50, c99, f50, f99 = await check_round(rt, rows)
+                print(f"round {round_no} budget check at {rows:,} rows today: p50 "
+                      f"{c50:,.0f} µs p99 {c99:,.0f} µs; SELECT 1 p50 {f50:,.0f} µs "
+                      f"p99 {f99:,.0f} µs; p50 ratio {c50 / f50:.1f}")
+    print(f"load: {os.getloadavg()[0]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2_000)
+    parser.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")],
+                        default=[10_000, 100_000])
+    parser.add_argument("--rounds", type=int, default=2)
+    run_in_tempdir(main_async, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
