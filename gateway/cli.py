@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from gateway import keys, logging_setup
 from gateway.config import ConfigError, Secret, Settings, load_settings
 from gateway.pipeline.stages import STAGES
+from gateway.providers.config import provider_key_values
 
 # subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
 TARGETS: dict[str, str] = {
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _secret_values(settings: Settings) -> list[str]:
     values = [v.get() for v in vars(settings).values() if isinstance(v, Secret)]
     values += [src.secret.get() for src in settings.webhook_sources.values()]
+    values += provider_key_values(settings)
     for url in (settings.durable_url, settings.cache_url, settings.database_url):
         if url and "@" in url and ":" in url.split("@")[0].split("//")[-1]:
             values.append(url.split("@")[0].split("//")[-1].split(":", 1)[1])

@@ -93,3 +93,16 @@ def provider_configs(settings: Settings,
                                               spec.get("max_retry_after_seconds", 30.0)),
             retries_on_429=retries)
     return configs
+
+
+def provider_key_values(settings: Settings, environ: Mapping[str, str] | None = None
+                        ) -> list[str]:
+    """The API keys the ``[providers.*]`` tables name, for the log formatter to mask (read
+    without checking the tables, so a command that calls no provider still starts)."""
+    env = os.environ if environ is None else environ
+    values = []
+    for spec in settings.section("providers").values():
+        name = spec.get("api_key_env") if isinstance(spec, Mapping) else None
+        if isinstance(name, str) and env.get(name):
+            values.append(env[name])
+    return values

@@ -131,3 +131,12 @@ async def test_the_key_is_in_no_log_line_repr_or_error(
     for text in shown:  # ... and never shown
         assert OPENAI_KEY not in text
     assert caplog.records  # the failures were logged
+
+
+async def test_a_refused_key_moves_on_to_the_next_provider(
+        second: FakeOpenAI, make_providers: MakeProviders) -> None:
+    async with FakeOpenAI(api_key="sk-another-key") as strict:
+        chain = make_providers(("a", strict), ("b", second)).chain(["a", "b"])
+        assert (await chain.chat("m", HELLO)).provider == "b"
+        [refused] = strict.calls_to("chat")
+        assert refused.token == OPENAI_KEY  # sent, refused with 401, not retried
