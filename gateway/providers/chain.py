@@ -9,7 +9,8 @@ provider; a request the provider calls malformed (400, 422) stops, since every p
 refuse it. Callers see ``ChainFailed`` when nothing answered (the bot apologises) and
 ``OverBudget`` when a ``[budgets]`` limit is reached (checked once before the first attempt).
 A stream falls back only until its first delta: after that the words are in the chat, and a
-failure ends it with ``ChainFailed``.
+failure ends it with ``ChainFailed``. A stream ended early (by that failure, or by the caller
+closing it) is counted on an estimate of what was sent: the provider worked for it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gateway.providers.client import (
 )
 from gateway.providers.errors import ChainFailed, ProviderError, RateLimited, Rejected
 from gateway.providers.usage import Charge, UsageLedger
-from gateway.ratelimit.limits import Providers
+from gateway.ratelimit.limits import Providers, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,12 @@ class Chain:
             await self.ledger.record(provider=client.name, model=model, kind=kind,
                                      usage=usage, charge=charge)
 
+    async def _settle(self, ticket: Ticket, client: OpenAIClient, model: str, charge: Charge,
+                      usage: Usage) -> None:
+        """A stream's end: its tokens settled in the limiter and its usage row written."""
+        await ticket.settle(usage.total)
+        await self._record(client, model, "chat", usage, charge)
+
     async def _go_on(self, client: OpenAIClient, error: ProviderError, retried: int,
                      failures: list[ProviderError]) -> bool:
         """After a failed attempt: True to retry ``client`` (its 429 has been waited out),
@@ -139,23 +146,32 @@ class Chain:
         for client in self.clients:
             retried = 0
             while True:
-                started = False
+                sent: list[str] = []
                 try:
                     async with self.limits.call(client.name, tokens=estimate) as ticket:
                         inner = client.stream_chat(model, messages, max_tokens=max_tokens)
-                        async for delta in inner:
-                            started = True
-                            yield delta
+                        try:
+                            async for delta in inner:
+                                sent.append(delta)
+                                yield delta
+                        except (GeneratorExit, ProviderError):
+                            if sent:  # ended early, by the caller or the provider: the
+                                # provider has worked for what it sent, so it is counted
+                                await self._settle(ticket, client, model, charge, Usage(
+                                    estimate_messages(messages),
+                                    estimate_tokens("".join(sent)), estimated=True))
+                            raise
+                        finally:
+                            await inner.aclose()
                         usage = inner.usage or Usage(estimate, 0, estimated=True)
-                        await ticket.settle(usage.total)
+                        await self._settle(ticket, client, model, charge, usage)
                 except ProviderError as error:
-                    if started:  # the first words are out: no other provider can continue
+                    if sent:  # the first words are out: no other provider can continue
                         raise ChainFailed([*failures, error]) from None
                     if await self._go_on(client, error, retried, failures):
                         retried += 1
                         continue
                     break
                 stream.provider, stream.usage = client.name, usage
-                await self._record(client, model, "chat", usage, charge)
                 return
         raise ChainFailed(failures)

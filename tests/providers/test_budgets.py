@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.providers import Chain, Charge, OverBudget
+from gateway.providers import Chain, ChainFailed, Charge, OverBudget
 from gateway.stores.runtime import Runtime
 from tests.fakes.openai import FakeOpenAI
 from tests.providers.conftest import MakeProviders
@@ -79,3 +79,25 @@ async def test_the_days_total_is_read_at_most_once_per_recheck_interval(
     with pytest.raises(OverBudget) as info:
         await chain.chat("m", HELLO)
     assert (info.value.budget.scope, info.value.budget.used) == ("total", 27)
+
+
+async def test_a_stream_ended_early_is_counted_on_what_was_sent(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    fake_openai.reply = "alpha beta gamma delta epsilon zeta"
+    chain = make_providers(("a", fake_openai)).chain(["a"])
+    stream = chain.stream_chat("m", HELLO, charge=Charge(chat="c"))
+    seen: list[str] = []
+    async for delta in stream:
+        seen.append(delta)
+        if len(seen) == 2:
+            break
+    await stream.aclose()  # the caller had enough
+    assert seen == ["alpha ", "beta "]
+    fake_openai.break_stream(after=3)
+    with pytest.raises(ChainFailed):
+        async for _ in chain.stream_chat("m", HELLO, charge=Charge(chat="c")):
+            pass
+    rows = await runtime.pg.fetch(
+        "SELECT tokens_in, tokens_out, estimated FROM provider_usage ORDER BY id")
+    # Estimates (4 characters a token, 4 a message): "alpha beta " and "alpha beta gamma ".
+    assert [tuple(r) for r in rows] == [(9, 3, True), (9, 5, True)]
