@@ -34,8 +34,14 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+# A detail may quote the request (an unknown id, a bad value): never more than this of it.
+MAX_DETAIL = 1000
+
+
 def json_error(status: int, code: str | None, detail: str,
                headers: Mapping[str, str] | None = None) -> web.Response:
+    if len(detail) > MAX_DETAIL:
+        detail = detail[:MAX_DETAIL] + "…"
     return web.Response(
         status=status,
         text=json.dumps({"error": code or _CODES.get(status, "error"), "detail": detail}),

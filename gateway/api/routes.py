@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.api import parser_log
 from gateway.api.connection_settings import ConnectionSettings
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
 from gateway.api.state import AUTHENTICATE, OVER_CAP, PRINCIPAL, PUBLIC, RUNTIME
@@ -146,7 +147,9 @@ def static(app: web.Application, prefix: str, directory: Path) -> None:
 
 def fallback(app: web.Application) -> None:
     """The last route: JSON 404 for an unknown path, 405 with ``Allow`` for a known path
-    asked with another method. Must be added after every other route."""
+    asked with another method. Must be added after every other route. What never reaches a
+    route (refused by the HTTP parser) is logged without a traceback (``parser_log``)."""
+    parser_log.install()
 
     async def unmatched(request: web.Request) -> web.StreamResponse:
         allowed: set[str] = set()
@@ -181,6 +184,12 @@ def _error_response(exc: Exception, route: str) -> web.StreamResponse:
         log.warning("postgres unavailable on %s: %s", route, type(exc).__name__)
         return json_error(503, "store_unavailable", "the database is unreachable; retry later",
                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(exc, asyncpg.DataError):
+        # PostgreSQL refused a value the request carried (a NUL byte, a number out of
+        # range): the sender's mistake, so a 400 and a warning, not a traceback.
+        log.warning("database refused a value on %s: %s", route, type(exc).__name__)
+        return json_error(400, "bad_request", "a value in the request cannot be stored "
+                          "(e.g. a NUL character, or a number out of range)")
     mapped = store_error(exc)
     if mapped is None:
         log.exception("unhandled error on %s", route, exc_info=exc)

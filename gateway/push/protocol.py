@@ -78,6 +78,8 @@ def parse_cursor(text: str) -> dict[str, int]:
         # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
         if not colon or not offset.isascii() or not offset.isdigit():
             raise FeedError(f"cursor part {part[:80]!r} is not <topic>:<offset>")
+        if len(offset) > len(str(MAX_OFFSET)):  # int() refuses past 4300 digits anyway
+            raise FeedError(f"an offset must be 0-{MAX_OFFSET}")
         positions[check_topic(topic)] = check_offset(int(offset))
     return positions
 
