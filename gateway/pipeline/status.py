@@ -72,10 +72,10 @@ def _from_journal(item_id: str, done: set[str], archived: bool) -> dict[str, Any
 
 async def job_status(runtime: Any, item_id: str) -> dict[str, Any] | None:
     """``{"item_id", "state", "stages"}`` or None when neither Redis nor the journal knows it."""
-    raw = await runtime.durable.hget(meta_key(), item_id)
+    raw = await runtime.durable_reads.hget(meta_key(), item_id)
     if raw is not None:
         return _from_meta(item_id, raw)
-    async with runtime.pg.acquire() as conn:
+    async with runtime.pg_reads.acquire() as conn:
         rows = await conn.fetch(
             "SELECT stage FROM pipeline_journal WHERE item_id = $1", item_id)
         archived = await conn.fetchval(

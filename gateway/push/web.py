@@ -125,7 +125,7 @@ def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", DEFAULT_LIMIT)
         try:
-            page = await feed.read_page(runtime.pg, topic, after, limit)
+            page = await feed.read_page(runtime.pg_reads, topic, after, limit)
         except FeedError as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
         return web.json_response({

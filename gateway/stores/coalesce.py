@@ -33,7 +33,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from gateway.stores.redis import AnyRedis
+from gateway.stores.redis import REDIS_TIMEOUT_SECONDS, AnyRedis
 
 log = logging.getLogger("gateway.coalesce")
 Command = Sequence[Any]
@@ -43,10 +43,12 @@ Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
 
 class AutoPipeline:
     def __init__(self, redis: AnyRedis, *, max_batch: int = 1024,
-                 flush_timeout: float = 10.0, wait_aof: bool = False) -> None:
+                 flush_timeout: float = REDIS_TIMEOUT_SECONDS + 2.0,
+                 wait_aof: bool = False) -> None:
         """``wait_aof``: every flush ends with ``WAITAOF 1 0``, and its callers are answered
         only once the server confirms the flush's writes on its disk (one wait per batch);
-        when it cannot, every caller of the batch gets ``NotOnDisk``."""
+        when it cannot, every caller of the batch gets ``NotOnDisk``. ``flush_timeout``: a
+        round trip's budget, a call's plus WAITAOF's own 2 s."""
         self.redis = redis
         self.wait_aof = wait_aof
         # Decided once: isinstance against redis-py's cluster class (a Protocol subclass) costs

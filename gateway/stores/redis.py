@@ -23,10 +23,16 @@ from gateway.stores.sentinel import connect_sentinel
 
 AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 
+# The budget of one Redis call: a stalled or unreachable server gives a timeout (503 +
+# Retry-After on a request), never a hang. Every command the gateway sends is short (scripts
+# work in bounded batches; WAITAOF waits at most 2 s), so this is far above a healthy reply.
+REDIS_TIMEOUT_SECONDS = 3.0
+
 _COMMON: dict[str, Any] = {
     "decode_responses": True,
     "protocol": 2,
-    "socket_connect_timeout": 5.0,
+    "socket_connect_timeout": REDIS_TIMEOUT_SECONDS,
+    "socket_timeout": REDIS_TIMEOUT_SECONDS,
     "health_check_interval": 30,
 }
 
@@ -44,8 +50,13 @@ def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].endswith("+cluster")
 
 
-def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
-    """A lazily-connecting client; nothing is contacted until the first command."""
+def connect(url: str, *, variable: str, max_connections: int = 64,
+            wait_for_connection: float | None = None) -> AnyRedis:
+    """A lazily-connecting client; nothing is contacted until the first command.
+    ``wait_for_connection``: with all ``max_connections`` in use, a command waits this long
+    for one to come free (then ``ConnectionError``) instead of failing at once: for the
+    pool of client reads, where a burst should queue, not fail (single instance only; a
+    cluster client keeps a pool per node)."""
     scheme = url.split("://", 1)[0]
     if scheme.endswith("+sentinel"):
         return connect_sentinel(url, variable=variable, retry=_retry(),
@@ -56,6 +67,11 @@ def connect(url: str, *, variable: str, max_connections: int = 64) -> AnyRedis:
         return GatewayCluster.from_url(plain, retry=_retry(), **_COMMON)
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(variable, f"unsupported Redis URL scheme {scheme!r}")
+    if wait_for_connection is not None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=wait_for_connection,
+            retry=_retry(), retry_on_error=[RedisConnectionError], **_COMMON)
+        return aioredis.Redis(connection_pool=pool)
     return aioredis.from_url(
         url, retry=_retry(), retry_on_error=[RedisConnectionError],
         max_connections=max_connections, **_COMMON,

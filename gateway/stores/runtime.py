@@ -18,12 +18,32 @@ from gateway.stores.redis import AnyRedis
 CLOSE_SECONDS = 10.0
 
 
+# Client reads (job status, feed pages, search, admin and dashboard reads) have pools of
+# their own, so a flood of them queues there and never takes the connections inbound writes,
+# the pipeline and the conversations need. A read waits at most this long for a connection.
+READ_REDIS_CONNECTIONS = 16
+READ_PG_CONNECTIONS = 4
+READ_WAIT_SECONDS = 2.0
+
+
 @dataclass
 class Runtime:
     settings: Settings
     durable: AnyRedis
     cache: AnyRedis
     pg: asyncpg.Pool
+    read_durable: AnyRedis | None = None
+    read_pg: asyncpg.Pool | None = None
+
+    @property
+    def durable_reads(self) -> AnyRedis:
+        """redis-durable for what clients read (its own pool when there is one)."""
+        return self.read_durable or self.durable
+
+    @property
+    def pg_reads(self) -> asyncpg.Pool:
+        """PostgreSQL for what clients read (its own pool when there is one)."""
+        return self.read_pg or self.pg
     # Per-process clients built on these stores by the rooms above (e.g. "providers", the
     # model providers): made once, shared by every component, closed (``await x.close()``)
     # before the stores.
@@ -38,12 +58,17 @@ class Runtime:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_SECONDS):
                     await client.close()
-        try:
-            async with asyncio.timeout(CLOSE_SECONDS):
-                await self.pg.close()
-        except Exception:  # timed out or failed: drop the connections without waiting
-            self.pg.terminate()
-        for client in (self.durable, self.cache):
+        for pool in (self.pg, self.read_pg):
+            if pool is None:
+                continue
+            try:
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await pool.close()
+            except Exception:  # timed out or failed: drop the connections without waiting
+                pool.terminate()
+        for client in (self.durable, self.cache, self.read_durable):
+            if client is None:
+                continue
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_SECONDS):
                     await client.aclose()
@@ -68,16 +93,24 @@ def connect_redis(settings: Settings) -> tuple[AnyRedis, AnyRedis]:
 
 
 async def open_runtime(settings: Settings, *, pg_max_size: int = 10) -> Runtime:
-    """Connect to all three stores. Redis clients connect lazily; the pool connects now."""
-    _, _, database_url = require_urls(settings)
+    """Connect to all three stores. Redis clients connect lazily; the pools connect now."""
+    durable_url, _, database_url = require_urls(settings)
     durable, cache = connect_redis(settings)
+    read_durable = redis_clients.connect(
+        durable_url, variable="GATEWAY_DURABLE_URL", max_connections=READ_REDIS_CONNECTIONS,
+        wait_for_connection=READ_WAIT_SECONDS)
+    pools: list[asyncpg.Pool] = []
     try:
-        pg = await create_pool(database_url, max_size=pg_max_size)
+        pools.append(await create_pool(database_url, max_size=pg_max_size))
+        pools.append(await create_pool(database_url, min_size=0,
+                                       max_size=READ_PG_CONNECTIONS))
     except BaseException:
-        await durable.aclose()
-        await cache.aclose()
+        for pool in pools:
+            pool.terminate()
+        for client in (durable, cache, read_durable):
+            await client.aclose()
         raise
-    return Runtime(settings, durable, cache, pg)
+    return Runtime(settings, durable, cache, pools[0], read_durable, pools[1])
 
 
 def durable_pipeline(runtime: Runtime) -> AutoPipeline:

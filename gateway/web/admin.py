@@ -39,13 +39,13 @@ def _int_param(value: object, name: str, default: int) -> int:
 
 
 async def queues(request: web.Request) -> web.Response:
-    return web.json_response(await queue_depths(request.app[RUNTIME].durable))
+    return web.json_response(await queue_depths(request.app[RUNTIME].durable_reads))
 
 
 async def dead_letters(request: web.Request) -> web.Response:
     stage = _stage(request)
     limit = _int_param(request.query.get("limit"), "limit", 100)
-    items = await deadletter.list_dead(request.app[RUNTIME].durable, stage, limit)
+    items = await deadletter.list_dead(request.app[RUNTIME].durable_reads, stage, limit)
     return web.json_response({"stage": stage, "items": items})
 
 

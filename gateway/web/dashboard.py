@@ -50,7 +50,8 @@ async def _part(name: str, errors: dict[str, str], coro: Any) -> Any:
 
 
 async def _throughput(runtime: Runtime) -> dict[str, Any]:
-    rows = await runtime.pg.fetch(_THROUGHPUT, PIPELINE_TOPIC, float(THROUGHPUT_WINDOW_SECONDS))
+    rows = await runtime.pg_reads.fetch(_THROUGHPUT, PIPELINE_TOPIC,
+                                        float(THROUGHPUT_WINDOW_SECONDS))
     per_stage = {r["kind"]: r["n"] for r in rows}
     return {"window_seconds": THROUGHPUT_WINDOW_SECONDS, "completions": per_stage,
             "per_second": round(sum(per_stage.values()) / THROUGHPUT_WINDOW_SECONDS, 3)}
@@ -68,10 +69,10 @@ async def _listener(runtime: Runtime) -> dict[str, Any]:
 async def summary(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     errors: dict[str, str] = {}
-    queues = await _part("queues", errors, queue_depths(runtime.durable))
+    queues = await _part("queues", errors, queue_depths(runtime.durable_reads))
     throughput = await _part("throughput", errors, _throughput(runtime))
     listener = await _part("listener", errors, _listener(runtime))
-    heads = await _part("feed", errors, feed.heads(runtime.pg, [PIPELINE_TOPIC]))
+    heads = await _part("feed", errors, feed.heads(runtime.pg_reads, [PIPELINE_TOPIC]))
     maintenance = await _part("maintenance", errors, view_for(runtime.durable).current())
     admission = await _part("admission", errors, request.app[INBOUND].admission.state())
     usage = await _part("usage", errors, usage_report(runtime.pg, "provider", start_of_day()))
