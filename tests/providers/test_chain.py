@@ -66,6 +66,10 @@ async def test_a_dead_port_and_a_timeout_fall_back(
                            timeout_seconds=0.3).chain(["slow", "b"])
     assert (await chain.chat("m", HELLO)).provider == "b"
     assert len(fake_openai.calls_to("chat")) == 1
+    # A stream's timeout is the gap between chunks: a silent provider is left for the next.
+    fake_openai.slow("chat", 3.0)
+    stream = chain.stream_chat("m", HELLO)
+    assert "".join([d async for d in stream]) == "from b" and stream.provider == "b"
 
 
 async def test_every_provider_failing_is_one_typed_error(
