@@ -162,11 +162,14 @@ class InboxConsumer:
         back: what is left waits in the inbox for the next holder."""
         if self._chats:
             await asyncio.wait(set(self._chats), timeout=self.config.drain_seconds)
+        # Taken before the cancel: a cancelled chat forgets its lease on the way out, and
+        # would otherwise wait for it to expire before anyone took it again.
+        held = dict(self.held)
         for task in set(self._chats):
             task.cancel()
         if self._chats:
             await asyncio.wait(set(self._chats), timeout=1.0)
-        for chat, token in list(self.held.items()):
+        for chat, token in {**held, **self.held}.items():
             with contextlib.suppress(RedisError):
                 await self.inbox.release(chat, token, delay=0, counted=False)
         self.held.clear()
