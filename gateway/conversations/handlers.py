@@ -1,7 +1,8 @@
 """Conversation handlers: async callables that turn a stored message into a reply.
 
 Chosen by configuration (``[conversations] handler = ...``): ``"default"`` (help, status,
-echo), ``"http"`` (POST the conversation to ``handler_url``, send back its answer) or any
+echo), ``"http"`` (POST the conversation to ``handler_url``, send back its answer), ``"llm"``
+(a model's reply, streamed: ``llm.py``, chosen by the service) or any
 ``"package.module:function"``. A handler returns the reply text, the reply as it is written
 (an async iterator of text deltas), or None for no reply.
 """
@@ -110,4 +111,5 @@ def load_handler(settings: Settings) -> Handler:
         except (ImportError, AttributeError) as exc:
             raise ConfigError("[conversations].handler", f"cannot load {name}: {exc}") from None
         return handler
-    raise ConfigError("[conversations].handler", "must be default, http or module:function")
+    raise ConfigError("[conversations].handler",
+                      "must be default, http, llm or module:function")

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from gateway.config import Settings
 from gateway.conversations import links, store
 from gateway.conversations.handlers import Context, Handler, Reply, load_handler
+from gateway.conversations.llm import LlmHandler
 from gateway.conversations.locks import KeyedLocks
 from gateway.conversations.model import Incoming, chat_key, command_of, pointer_key
 from gateway.outbound import live
@@ -62,7 +64,7 @@ class ConversationService:
         settings = runtime.settings
         section = settings.section("conversations")
         self.runtime = runtime
-        self.handler = handler or load_handler(settings)
+        self.handler = handler or handler_for(settings)
         self.limiter = Limiter(runtime.durable)
         self.providers = Providers(self.limiter, provider_limits(settings))
         self.limits = platform_limits(settings)
@@ -217,6 +219,14 @@ class ConversationService:
                                      "EX", self.idle_seconds)
         except Exception as exc:
             log.warning("conversation pointer not written (%s)", type(exc).__name__)
+
+
+def handler_for(settings: Settings) -> Handler:
+    """The configured handler: ``llm`` (a model's streamed reply), else what
+    ``load_handler`` knows."""
+    if settings.section("conversations").get("handler") == "llm":
+        return LlmHandler(settings)
+    return load_handler(settings)
 
 
 _SERVICE_ATTR = "_conversation_service"

@@ -1,14 +1,18 @@
-"""A runtime with fast limits so conversation tests stay bounded."""
+"""A runtime with fast limits so conversation tests stay bounded; ``chat``, a platform's
+chat (parametrize it indirectly with the platform's name)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
 from gateway.config import Settings
 from gateway.stores.runtime import Runtime, open_runtime
 from tests.conversations.fast import with_sections
+from tests.conversations.platforms import Chat, chat_on
+from tests.fakes import FakeMattermost, FakeSlack, FakeTelegram
 
 
 @pytest.fixture
@@ -24,3 +28,13 @@ async def fast_runtime(runtime: Runtime, fast_settings: Settings) -> AsyncIterat
         yield rt
     finally:
         await rt.close()
+
+
+@pytest.fixture
+async def chat(request: pytest.FixtureRequest, runtime: Runtime, settings: Settings,
+               make_client: Callable[..., Any], fake_telegram: FakeTelegram,
+               fake_slack: FakeSlack, fake_mattermost: FakeMattermost) -> AsyncIterator[Chat]:
+    """The chat of ``request.param`` (the fakes are cheap: all three start)."""
+    fakes = {"telegram": fake_telegram, "slack": fake_slack, "mattermost": fake_mattermost}
+    async with chat_on(request.param, settings, fakes[request.param], make_client) as opened:
+        yield opened

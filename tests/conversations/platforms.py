@@ -182,3 +182,19 @@ async def chat_on(platform: str, settings: Settings, fake: Any,
 def gaps(calls: list[Call]) -> list[float]:
     """Seconds between consecutive calls."""
     return [b.time - a.time for a, b in itertools.pairwise(calls)]
+
+
+def assert_grew_in_one_message(chat: Chat, full: str, per_second: float) -> list[str]:
+    """The chat shows one bot message, posted with the first words and edited as the text
+    grew (each text a longer start of the whole, so never the same twice) to exactly
+    ``full``, every platform call at least the chat limit's spacing after the one before;
+    what it showed."""
+    [texts] = chat.shown()
+    assert texts[-1] == full
+    assert len(texts) >= 3, texts  # the first words, at least one edit, the whole text
+    assert all(full.startswith(text) for text in texts)
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(texts))
+    calls = chat.replies()
+    assert len(calls) == len(texts)  # no edit was refused (none to the same text)
+    assert min(gaps(calls)) >= 1 / per_second - 0.05, gaps(calls)
+    return texts

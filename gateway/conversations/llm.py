@@ -1,0 +1,138 @@
+"""The ``llm`` conversation handler: the reply is a model's, streamed into the chat.
+
+::
+
+    [conversations]
+    handler = "llm"
+    providers = ["groq", "openrouter"]   # the chain: the next one when one fails
+    model = "llama-3.1-8b-instant"
+    system_prompt = "You are the team's helpful assistant."   # optional
+    history_tokens = 2000                # optional: the conversation sent along, newest first
+
+The conversation (this message included) is sent newest first until ``history_tokens``
+would be exceeded, counted with the providers' estimate (about 4 characters per token, plus
+4 per message); the current message is always sent. ``/help``, ``/new`` and ``/status`` are
+answered as by the default handler, without a model. The reply streams (the service shows it
+while it is written); a chain that fails ends in the apology, and a reached ``[budgets]``
+limit answers that it is reached, with no call made.
+
+Each reply opens its own provider session and closes it when the stream ends, so nothing
+outlives a reply and the handler needs no shutdown of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from gateway.config import ConfigError, Settings
+from gateway.conversations.handlers import Context, Reply, default_handler
+from gateway.conversations.model import chat_key
+from gateway.conversations.store import Message
+from gateway.providers import (
+    Charge,
+    ModelProviders,
+    OverBudget,
+    budgets,
+    estimate_tokens,
+    provider_configs,
+)
+from gateway.providers.client import Message as ChatMessage
+
+DEFAULT_HISTORY_TOKENS = 2000
+MAX_HISTORY_MESSAGES = 500
+MESSAGE_OVERHEAD = 4  # tokens a message costs beyond its text (role, separators)
+COMMANDS = ("help", "new", "status")
+OVER_BUDGET = {
+    "chat": "This chat has used today's AI budget; I can answer again tomorrow (UTC).",
+    "account": "Your account has used today's AI budget; I can answer again tomorrow (UTC).",
+    "total": "Today's AI budget is used up; I can answer again tomorrow (UTC).",
+}
+
+
+def trim(history: Sequence[Message], budget: int) -> list[Message]:
+    """The newest messages whose estimated tokens fit ``budget`` (the newest always),
+    oldest first."""
+    kept: list[Message] = []
+    used = 0
+    for message in reversed(history):
+        cost = estimate_tokens(message.text) + MESSAGE_OVERHEAD
+        if kept and used + cost > budget:
+            break
+        kept.append(message)
+        used += cost
+    return kept[::-1]
+
+
+class LlmHandler:
+    """``[conversations] handler = "llm"``; checked when the service is built."""
+
+    def __init__(self, settings: Settings) -> None:
+        section = settings.section("conversations")
+        names = section.get("providers")
+        if (not isinstance(names, list) or not names
+                or not all(isinstance(n, str) and n for n in names)):
+            raise ConfigError("[conversations].providers",
+                              "must be a list of provider names (the chain)")
+        configured = provider_configs(settings)
+        for name in names:
+            if name not in configured:
+                raise ConfigError("[conversations].providers",
+                                  f"{name!r} has no [providers.{name}] table")
+        model = section.get("model")
+        if not isinstance(model, str) or not model:
+            raise ConfigError("[conversations].model", "must name the model")
+        prompt = section.get("system_prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ConfigError("[conversations].system_prompt", "must be a string")
+        tokens = section.get("history_tokens", DEFAULT_HISTORY_TOKENS)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            raise ConfigError("[conversations].history_tokens", "must be a positive integer")
+        self.names: list[str] = names
+        self.model = model
+        self.system_prompt = prompt or None
+        self.history_tokens = tokens
+        self.per_account = budgets(settings).per_account is not None
+
+    async def __call__(self, ctx: Context) -> Reply:
+        if ctx.command in COMMANDS:
+            return await default_handler(ctx)
+        limit = min(MAX_HISTORY_MESSAGES, self.history_tokens // (1 + MESSAGE_OVERHEAD) + 1)
+        messages = self.messages(trim(await ctx.history(limit), self.history_tokens))
+        return self._reply(ctx, messages, await self._charge(ctx))
+
+    def messages(self, history: Sequence[Message]) -> list[ChatMessage]:
+        """The model's input: the system prompt, then the conversation."""
+        prompt: list[ChatMessage] = []
+        if self.system_prompt:
+            prompt.append({"role": "system", "content": self.system_prompt})
+        prompt += [{"role": "assistant" if m.role == "bot" else "user", "content": m.text}
+                   for m in history]
+        return prompt
+
+    async def _charge(self, ctx: Context) -> Charge:
+        """Whom the call is charged to: the chat, and its first linked account (only read
+        when a per-account budget is configured)."""
+        incoming = ctx.incoming
+        key = chat_key(incoming)
+        account = None
+        if self.per_account:
+            account = await ctx.runtime.pg.fetchval(
+                "SELECT sub FROM chat_links WHERE platform = $1 AND chat_key = $2"
+                " ORDER BY created_at LIMIT 1", incoming.platform, key)
+        return Charge(chat=f"{incoming.platform}:{key}", account=account)
+
+    async def _reply(self, ctx: Context, messages: list[ChatMessage],
+                     charge: Charge) -> AsyncIterator[str]:
+        runtime = ctx.runtime
+        providers = ModelProviders.from_settings(runtime.settings, runtime.durable,
+                                                 runtime.pg)
+        try:
+            stream = providers.chain(self.names).stream_chat(self.model, messages,
+                                                             charge=charge)
+            try:
+                async for delta in stream:
+                    yield delta
+            except OverBudget as exc:  # checked before any call: nothing was sent
+                yield OVER_BUDGET.get(exc.budget.scope, OVER_BUDGET["total"])
+        finally:
+            await providers.close()
