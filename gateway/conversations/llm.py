@@ -16,8 +16,8 @@ answered as by the default handler, without a model. The reply streams (the serv
 while it is written); a chain that fails ends in the apology, and a reached ``[budgets]``
 limit answers that it is reached, with no call made.
 
-Each reply opens its own provider session and closes it when the stream ends, so nothing
-outlives a reply and the handler needs no shutdown of its own.
+The providers are the process's (``runtime.shared``, shared with the embedder: one HTTP
+session, closed with the runtime).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from gateway.providers import (
     provider_configs,
 )
 from gateway.providers.client import Message as ChatMessage
+from gateway.stores.runtime import Runtime
 
 DEFAULT_HISTORY_TOKENS = 2000
 MAX_HISTORY_MESSAGES = 500
@@ -123,16 +124,22 @@ class LlmHandler:
 
     async def _reply(self, ctx: Context, messages: list[ChatMessage],
                      charge: Charge) -> AsyncIterator[str]:
-        runtime = ctx.runtime
-        providers = ModelProviders.from_settings(runtime.settings, runtime.durable,
-                                                 runtime.pg)
+        stream = shared_providers(ctx.runtime).chain(self.names).stream_chat(
+            self.model, messages, charge=charge)
         try:
-            stream = providers.chain(self.names).stream_chat(self.model, messages,
-                                                             charge=charge)
-            try:
-                async for delta in stream:
-                    yield delta
-            except OverBudget as exc:  # checked before any call: nothing was sent
-                yield OVER_BUDGET.get(exc.budget.scope, OVER_BUDGET["total"])
+            async for delta in stream:
+                yield delta
+        except OverBudget as exc:  # checked before any call: nothing was sent
+            yield OVER_BUDGET.get(exc.budget.scope, OVER_BUDGET["total"])
         finally:
-            await providers.close()
+            await stream.aclose()  # an interrupted reply closes the provider's response
+
+
+def shared_providers(runtime: Runtime) -> ModelProviders:
+    """The process's model providers under ``runtime.shared["providers"]`` (the key the
+    embedder uses too): one HTTP session for every caller, closed with the runtime."""
+    if "providers" not in runtime.shared:
+        runtime.shared["providers"] = ModelProviders.from_settings(
+            runtime.settings, runtime.durable, runtime.pg)
+    found: ModelProviders = runtime.shared["providers"]
+    return found

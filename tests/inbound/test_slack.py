@@ -216,13 +216,17 @@ async def test_a_retried_reply_already_in_the_channel_is_not_posted_again(
         event = payload["event"]
         assert reply["metadata"] == {"event_type": "gateway_reply",
                                      "event_payload": {"reply_to": event["ts"]}}
+        # The first handling over (settled, its entry acknowledged and the chat given up),
+        # so the entry pushed below waits for a taker rather than following it at once.
+        queue = app[SLACK_BOT].inbox.queue
+        await wait_until(lambda: _settled(runtime), timeout=10, message="settled")
+        await wait_until(lambda: _idle(queue), timeout=10, message="chat given up")
         # The dead holder's state: the reply sent but not recorded as settled, the entry
         # back at the head of its chat with one failed attempt behind it.
         await runtime.pg.execute("UPDATE conversation_messages SET settled_at = NULL"
                                  " WHERE role = 'bot'")
         incoming = _incoming(payload, event)
         assert incoming is not None
-        queue = app[SLACK_BOT].inbox.queue
         await queue.push(chat_key(incoming), Entry(incoming), None, 60)  # no wake-up: the
         [taken] = await queue.take("dead-holder", 1)  # consumer polls only every 0.25 s
         await queue.release(taken.chat, "dead-holder", delay=0, counted=True)
@@ -230,6 +234,10 @@ async def test_a_retried_reply_already_in_the_channel_is_not_posted_again(
         assert fake_slack.posted_texts(CHANNEL_ID) == [reply["text"]]
     finally:
         await apps.close()
+
+
+async def _idle(queue: Any) -> bool:
+    return (await queue.depth())["leased_chats"] == 0
 
 
 async def _settled(runtime: Runtime) -> bool:
