@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from gateway import keys, logging_setup
 from gateway.config import ConfigError, Secret, Settings, load_settings
 from gateway.pipeline.stages import STAGES
-from gateway.providers.config import provider_key_values
+from gateway.providers.config import provider_checks, provider_key_values
 
 # subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
 TARGETS: dict[str, str] = {
@@ -123,7 +123,7 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.stores import doctor
-    checks = asyncio.run(doctor.run_checks(settings))
+    checks = asyncio.run(doctor.run_checks(settings)) + provider_checks(settings)
     for check in checks:
         print(check.line())
     return 1 if doctor.has_failure(checks) else 0

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.config import Settings
+from gateway.providers.config import provider_checks
 from gateway.stores import doctor
 from gateway.stores.runtime import Runtime
 
@@ -29,8 +30,9 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 
 async def preflight(settings: Settings) -> bool:
-    """Refuse to serve when the topology check fails (a durable instance that can evict)."""
-    checks = await doctor.run_checks(settings)
+    """Refuse to serve when the topology check fails (a durable instance that can evict) or
+    a ``[providers.*]`` table cannot be used (its key's variable unset)."""
+    checks = await doctor.run_checks(settings) + provider_checks(settings)
     for check in checks:
         if check.status != "ok":
             log.warning("%s", check.line())

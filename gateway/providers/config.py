@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.config import ConfigError, Secret, Settings
 from gateway.ratelimit.limits import ProviderLimits, provider_limits
+from gateway.stores.doctor import Check
 
 APIS = ("openai",)
 
@@ -106,3 +107,19 @@ def provider_key_values(settings: Settings, environ: Mapping[str, str] | None = 
         if isinstance(name, str) and env.get(name):
             values.append(env[name])
     return values
+
+
+def provider_checks(settings: Settings, environ: Mapping[str, str] | None = None
+                    ) -> list[Check]:
+    """``gateway doctor`` lines for the ``[providers.*]`` tables (nothing is sent to them):
+    a table that cannot be used (its key's variable unset, a bad value) fails, so ``serve``
+    and ``worker`` refuse to start rather than fail at the first call."""
+    try:
+        configs = provider_configs(settings, environ)
+    except ConfigError as exc:
+        return [Check("fail", "providers", str(exc))]
+    return [Check("ok", f"providers.{name}",
+                  f"{c.base_url}, key from {c.api_key_env or '(none)'}, "
+                  f"{c.limits.requests_per_minute} requests and {c.limits.tokens_per_minute} "
+                  f"tokens per {c.limits.window_seconds:g} s, {c.limits.concurrent} at once")
+            for name, c in configs.items()]

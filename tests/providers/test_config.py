@@ -12,7 +12,7 @@ import pytest
 from gateway.cli import _secret_values
 from gateway.config import ConfigError, Settings
 from gateway.logging_setup import RedactSecrets
-from gateway.providers.config import provider_configs
+from gateway.providers.config import provider_checks, provider_configs
 from gateway.ratelimit.limits import ProviderLimits
 
 ENV = {"GROQ_KEY": "gsk-secret-groq-key", "OTHER_KEY": "sk-other-secret"}
@@ -60,3 +60,15 @@ def test_the_log_formatter_masks_provider_keys(monkeypatch: pytest.MonkeyPatch) 
                                None)
     RedactSecrets(_secret_values(settings)).filter(record)
     assert ENV["OTHER_KEY"] not in record.getMessage()
+
+
+def test_doctor_lines_for_providers() -> None:
+    settings = Settings(sections={"providers": {
+        "groq": {"base_url": "https://api.groq.com/openai/v1", "api_key_env": "GROQ_KEY"}}})
+    [line] = [c.line() for c in provider_checks(settings, ENV)]
+    assert line.startswith("ok") and "providers.groq" in line and "GROQ_KEY" in line
+    assert "30 requests and 30000 tokens per 60 s, 3 at once" in line
+    assert ENV["GROQ_KEY"] not in line
+    [check] = provider_checks(settings, {})
+    assert check.status == "fail" and "GROQ_KEY" in check.line()
+    assert provider_checks(Settings(), {}) == []
