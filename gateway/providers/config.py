@@ -113,7 +113,7 @@ def provider_checks(settings: Settings, environ: Mapping[str, str] | None = None
                     ) -> list[Check]:
     """``gateway doctor`` lines for the ``[providers.*]`` tables (nothing is sent to them):
     a table that cannot be used (its key's variable unset, a bad value) fails, so ``serve``
-    and ``worker`` refuse to start rather than fail at the first call."""
+    and ``listen`` refuse to start rather than fail at the first call."""
     try:
         configs = provider_configs(settings, environ)
     except ConfigError as exc:
