@@ -10,9 +10,12 @@ drawn, so a lost generation only causes misses and can never resurrect an old an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import keys
@@ -40,6 +43,21 @@ def answer_key(generation: str, query: str, limit: int, embedder: str = "") -> s
 async def invalidate(cache: AnyRedis) -> None:
     """New chunks are committed: move to a new generation (O(1))."""
     await cache.set(generation_key(), secrets.token_hex(8), ex=GENERATION_TTL)
+
+
+def invalidator(cache: AnyRedis) -> Callable[[], Awaitable[None]]:
+    """``invalidate`` on ``cache`` as one callable per client: the embed stage registers it
+    for each item, and the worker calls it once per committed batch."""
+    found = _invalidators.get(id(cache))
+    if found is None:  # an entry holds its client, so no other client can reuse the id
+        found = functools.partial(invalidate, cache)
+        _invalidators[id(cache)] = found
+    return found
+
+
+# Kept while a batch holds them: identity only matters within one batch.
+_invalidators: weakref.WeakValueDictionary[int, Callable[[], Awaitable[None]]] = (
+    weakref.WeakValueDictionary())
 
 
 async def _generation(cache: AnyRedis) -> str:

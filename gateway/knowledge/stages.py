@@ -95,8 +95,7 @@ async def embed(ctx: StageContext) -> None:
     model = embedding.model_id(embedder.name, found.shape[1])
     await vectors.ensure_index(ctx.runtime, model, found.shape[1])
     await vectors.write(ctx.conn, ctx.runtime, ctx.item_id, [r["seq"] for r in rows], found, model)
-    cache = ctx.runtime.cache
-    ctx.after_commit.append(lambda: search.invalidate(cache))
+    ctx.after_commit.append(search.invalidator(ctx.runtime.cache))
 
 
 def extract_edges(text: str) -> set[tuple[str, str]]:

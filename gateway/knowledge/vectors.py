@@ -39,9 +39,8 @@ class Layout:
     version: str | None  # the extension's version, when installed
 
     @property
-    def cast(self) -> str:
-        """How a ``real[]`` parameter becomes the column's type."""
-        return "::real[]::vector" if self.pgvector else "::real[]::float8[]"
+    def column_type(self) -> str:
+        return "vector" if self.pgvector else "float8[]"
 
 
 # Per database URL: what a process has learnt of each database it uses.
@@ -94,12 +93,23 @@ async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
 
 async def write(conn: Any, runtime: Any, item_id: str, seqs: Sequence[int], rows: np.ndarray,
                 model: str) -> None:
-    """Store one vector per chunk ``(item_id, seq)``, recording the model that made it."""
-    cast = (await layout(runtime)).cast
-    await conn.executemany(
-        f"UPDATE pipeline_chunks SET embedding = $3{cast}, embedder = $4"
-        " WHERE item_id = $1 AND seq = $2",
-        [(item_id, seq, row.tolist(), model) for seq, row in zip(seqs, rows, strict=True)])
+    """Store one vector per chunk ``(item_id, seq)``, recording the model that made it: one
+    statement whatever the number of chunks, the rows sent as one flat vector (binary, with
+    pgvector) and cut by the server. Measured: half the client CPU of a statement per
+    chunk, which is most of this stage's cost beside the model."""
+    pgvector = (await layout(runtime)).pgvector
+    await conn.execute(_WRITE_VECTOR if pgvector else _WRITE_ARRAY, item_id, list(seqs),
+                       rows.ravel() if pgvector else rows.ravel().tolist(), rows.shape[1],
+                       model)
+
+
+_WRITE = """
+UPDATE pipeline_chunks c SET embedding = {value}, embedder = $5
+FROM unnest($2::int[]) WITH ORDINALITY AS v(seq, i)
+WHERE c.item_id = $1 AND c.seq = v.seq
+"""
+_WRITE_VECTOR = _WRITE.format(value="subvector($3::vector, ((v.i - 1) * $4 + 1)::int, $4::int)")
+_WRITE_ARRAY = _WRITE.format(value="(($3::real[])[(v.i - 1) * $4 + 1 : v.i * $4])::float8[]")
 
 
 def nearest_sql(pgvector: bool, model: str, dimensions: int) -> str:

@@ -43,7 +43,8 @@ class StageContext:
     document: dict[str, Any] | None
     conn: asyncpg.Connection
     runtime: Any
-    # Called after the transaction commits (e.g. cache invalidation).
+    # Called after the transaction commits (e.g. cache invalidation); the same callable
+    # registered by several items of one batch is called once.
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 

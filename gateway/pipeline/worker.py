@@ -193,7 +193,7 @@ class StageWorker:
                     await self._fail(lease, errors[lease.item_id])
                 except Exception as exc:
                     redis_errors.append(exc)
-        for callback in callbacks:
+        for callback in dict.fromkeys(callbacks):  # registered by several items: runs once
             with contextlib.suppress(Exception):
                 await callback()
         if outage:

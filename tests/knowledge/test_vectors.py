@@ -108,8 +108,8 @@ async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime)
         # match, if vectors of two models were compared.
         query = "a doctor treats sick patients"
         vector = (await embedding.local().embed([query]))[0]
-        cast = (await vectors.layout(runtime)).cast
-        await runtime.pg.execute(f"UPDATE pipeline_chunks SET embedding = $1{cast}, "
+        column = (await vectors.layout(runtime)).column_type
+        await runtime.pg.execute(f"UPDATE pipeline_chunks SET embedding = $1::real[]::{column}, "
                                  "embedder = 'hashing@256' WHERE item_id = 'weather'",
                                  vector.tolist())
         await search.invalidate(runtime.cache)

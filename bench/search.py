@@ -1,0 +1,254 @@
+"""Search and embedding benchmark, in one invocation on embedded servers:
+
+- **search**: nearest-chunk queries at ``--sizes`` chunks (10k and 100k), pgvector's HNSW
+  index against the float8[] scan (a second database migrated with ``gateway.pgvector =
+  off``) on the same vectors: p50/p99 latency of ``vectors.nearest`` (the SQL the search route
+  runs, through asyncpg), HNSW's recall@10 against the exact scan, and the local model's
+  query-embedding time (what a search adds before the SQL). Vectors are 256-dimensional,
+  clustered like text embeddings, written with COPY (binary) so that data generation takes
+  seconds.
+- **embed stage**: documents of this repository's own prose (~700-character chunks) through
+  the real embed-stage worker (lease, handler, vectors written, journal, feed row, COMPLETE),
+  in chunks per second, against the local model called directly on the same chunks.
+
+    python bench/search.py [--sizes 10000,100000] [--queries 200] [--scan-queries 20]
+                           [--documents 1000] [--concurrency 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import numpy as np
+
+from gateway.app.worker import run_workers
+from gateway.config import Settings
+from gateway.knowledge import embedding, vectors
+from gateway.knowledge.stages import split_text
+from gateway.pipeline import queue
+from gateway.pipeline.stages import stats_key
+from gateway.pipeline.worker import WorkerConfig
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
+from gateway.stores.runtime import Runtime, open_runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+DIMS = 256
+MODEL = f"bench:clustered@{DIMS}"
+K = 10
+
+
+def clustered(count: int, seed: int) -> np.ndarray:
+    """Unit vectors around count/50 random centres (text embeddings cluster by topic)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(max(1, count // 50), DIMS)).astype(np.float32)
+    rows = centres[rng.integers(0, len(centres), count)]
+    rows += 0.6 * rng.normal(size=(count, DIMS)).astype(np.float32)
+    return embedding.normalise(rows)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def load(rt: Runtime, rows: np.ndarray) -> float:
+    """Replace every chunk by ``rows`` (COPY); seconds taken."""
+    pgvector = (await vectors.layout(rt)).pgvector
+    started = time.perf_counter()
+    await rt.pg.execute("TRUNCATE pipeline_chunks")
+    await rt.pg.execute(f"DROP INDEX IF EXISTS {vectors.index_name(MODEL)}")
+    vectors.forget()
+    records = ((f"c{i}", 0, "", row if pgvector else row.tolist(), MODEL)
+               for i, row in enumerate(rows))
+    await rt.pg.copy_records_to_table(
+        "pipeline_chunks", columns=["item_id", "seq", "body", "embedding", "embedder"],
+        records=records)
+    await rt.pg.execute("ANALYZE pipeline_chunks")
+    return time.perf_counter() - started
+
+
+async def time_queries(rt: Runtime, queries: np.ndarray) -> tuple[list[float], list[list[str]]]:
+    latencies, found = [], []
+    for query in queries:
+        started = time.perf_counter()
+        rows = await vectors.nearest(rt, query, MODEL, K)
+        latencies.append(time.perf_counter() - started)
+        found.append([r["item_id"] for r in rows])
+    return latencies, found
+
+
+async def search_at(hnsw: Runtime, scan: Runtime, size: int, n_queries: int,
+                    n_scan: int) -> dict[str, Any]:
+    corpus = clustered(size, seed=size)
+    noise = np.random.default_rng(1).normal(size=(n_queries, DIMS)).astype(np.float32)
+    queries = embedding.normalise(corpus[:n_queries] + 0.5 * noise / np.sqrt(DIMS))
+    load_s = await load(hnsw, corpus)
+    await load(scan, corpus)
+    started = time.perf_counter()
+    await vectors.ensure_index(hnsw, MODEL, DIMS)
+    build_s = time.perf_counter() - started
+    await time_queries(hnsw, queries[:20])  # warm the index pages and the plan
+    hnsw_lat, hnsw_found = await time_queries(hnsw, queries)
+    await time_queries(scan, queries[:2])
+    scan_lat, scan_found = await time_queries(scan, queries[:n_scan])
+    recall = statistics.mean(len(set(a) & set(b)) / K
+                             for a, b in zip(hnsw_found, scan_found, strict=False))
+    return {"size": size, "load_s": load_s, "build_s": build_s, "recall": recall,
+            "hnsw": hnsw_lat, "scan": scan_lat}
+
+
+def prose() -> list[str]:
+    """This repository's documentation, as chunks of the chunk stage's size."""
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+    text += "\n\n" + (ROOT / "README.md").read_text()
+    return [c for c in split_text(text) if len(c) > 400]
+
+
+def direct(texts: list[str], per_doc: int) -> float:
+    """Seconds for the model called directly, one call per document as the stage does (on
+    this machine that beats one call for everything: less padding to the longest text)."""
+    model = embedding.local()
+    started = time.perf_counter()
+    for start in range(0, len(texts), per_doc):
+        model.embed_now(texts[start:start + per_doc])
+    return time.perf_counter() - started
+
+
+async def embed_stage(rt: Runtime, texts: list[str], per_doc: int, concurrency: int,
+                      batch: int = 8) -> float:
+    """Seconds for the embed-stage workers to embed ``texts`` (``per_doc`` per document)."""
+    documents = len(texts) // per_doc
+    await rt.durable.flushall()
+    await rt.pg.execute("TRUNCATE pipeline_chunks, pipeline_documents, pipeline_journal, "
+                        "feed, feed_topics")
+    await rt.pg.copy_records_to_table(
+        "pipeline_chunks", columns=["item_id", "seq", "body"],
+        records=[(f"d{i // per_doc}", i % per_doc, t) for i, t in enumerate(texts)])
+    for d in range(documents):
+        await queue.enqueue_at(rt.durable, f"d{d}", "embed", priority="normal",
+                               doc_type="other")
+    stop = asyncio.Event()
+    config = WorkerConfig(lease=90, heartbeat=30, reclaim_interval=60, idle_max=0.05,
+                          batch=batch)
+    started = time.perf_counter()
+    task = asyncio.create_task(run_workers(rt, stop, stages=("embed",), config=config,
+                                           concurrency=concurrency))
+    while int(await rt.durable.hget(  # noqa: ASYNC110 -- polling is the measurement here
+            stats_key("embed"), "completed") or 0) < documents:
+        await asyncio.sleep(0.01)
+    stage_s = time.perf_counter() - started
+    stop.set()
+    await task
+    done = await rt.pg.fetchval("SELECT count(*) FROM pipeline_chunks WHERE embedder IS NOT NULL")
+    assert done == len(texts), done
+    return stage_s
+
+
+async def query_embedding(count: int) -> list[float]:
+    """The local model embedding one query on its thread, as search does."""
+    model = embedding.local()
+    texts = [c[:80] for c in prose()][:count]
+    latencies = []
+    for text in texts:
+        started = time.perf_counter()
+        await model.embed([text])
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+async def _scan_database(admin_url: str) -> str:
+    url = urlunsplit(urlsplit(admin_url)._replace(path="/bench_scan"))
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute("CREATE DATABASE bench_scan")
+        await conn.execute("ALTER DATABASE bench_scan SET gateway.pgvector = 'off'")
+        await conn.execute("ALTER DATABASE postgres SET maintenance_work_mem = '512MB'")
+    finally:
+        await conn.close()
+    await migrate_url(url)
+    return url
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> None:
+    assert settings.database_url
+    scan_url = await _scan_database(settings.database_url)
+    await migrate_url(settings.database_url)
+    hnsw = await open_runtime(settings)
+    scan = await open_runtime(replace(settings, database_url=scan_url))
+    try:
+        print(f"load at start {os.getloadavg()[0]:.2f}; pgvector "
+              f"{(await vectors.layout(hnsw)).version}, {DIMS} dimensions, top-{K}")
+        for size in args.sizes:
+            r = await search_at(hnsw, scan, size, args.queries, args.scan_queries)
+            h50, h99 = percentile(r["hnsw"], 0.5) * 1e3, percentile(r["hnsw"], 0.99) * 1e3
+            s50, s99 = percentile(r["scan"], 0.5) * 1e3, percentile(r["scan"], 0.99) * 1e3
+            print(f"{size:>7} chunks (COPY {r['load_s']:.1f} s, HNSW build {r['build_s']:.1f} s)"
+                  f"\n  hnsw  p50 {h50:8.2f} ms  p99 {h99:8.2f} ms  ({len(r['hnsw'])} queries,"
+                  f" recall@{K} {r['recall']:.3f})"
+                  f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
+                  f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
+                  f"   load {os.getloadavg()[0]:.2f}")
+        q = await query_embedding(200)
+        print(f"query embedding (local model, its thread): p50 "
+              f"{percentile(q, 0.5) * 1e3:.2f} ms  p99 {percentile(q, 0.99) * 1e3:.2f} ms")
+        pool = prose()
+        texts = [pool[i % len(pool)] for i in range(args.documents * args.per_doc)]
+        embedding.local().embed_now(texts[:64])  # the model loaded outside the timings
+        stage_runs, direct_runs = [], []
+        for _ in range(args.rounds):  # interleaved, best of each: the machine is shared
+            direct_runs.append(direct(texts, args.per_doc))
+            stage_runs.append(await embed_stage(hnsw, texts, args.per_doc, args.concurrency))
+        stage_s, direct_s = min(stage_runs), min(direct_runs)
+        print(f"embed stage: {len(texts)} chunks, {args.per_doc} per document, concurrency "
+              f"{args.concurrency}, best of {args.rounds}: {len(texts) / stage_s:.0f} chunks/s"
+              f" ({stage_s:.2f} s); model directly {len(texts) / direct_s:.0f} chunks/s "
+              f"({direct_s:.2f} s); ratio {direct_s / stage_s:.2f}   "
+              f"load {os.getloadavg()[0]:.2f}")
+    finally:
+        await hnsw.close()
+        await scan.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[10_000, 100_000])
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--scan-queries", type=int, default=20)
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--per-doc", type=int, default=4, help="chunks per document")
+    parser.add_argument("--concurrency", type=int, default=4, help="embed loops")
+    parser.add_argument("--rounds", type=int, default=3, help="embed: runs of each")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gwbench-search-"))
+    servers: list[Any] = []
+    try:
+        durable = embedded.RedisServer("durable", root / "durable",
+                                       embedded.new_password()).start()
+        servers.append(durable)
+        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
+        servers.append(cache)
+        pg = embedded.PostgresServer(root / "pg" / "data").start()
+        servers.append(pg)
+        settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
+                           database_url=pg.url)
+        asyncio.run(run(settings, args))
+    finally:
+        embedded.stop_all(servers)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
