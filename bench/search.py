@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,17 +28,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import numpy as np
+from stores import embedded_runtime, run_in_tempdir
 
 from gateway.app.worker import run_workers
-from gateway.config import Settings
 from gateway.knowledge import embedding, vectors
 from gateway.knowledge.stages import split_text
 from gateway.pipeline import queue
 from gateway.pipeline.stages import stats_key
 from gateway.pipeline.worker import WorkerConfig
-from gateway.stores import embedded
 from gateway.stores.migrate import migrate_url
 from gateway.stores.runtime import Runtime, open_runtime
 
@@ -168,57 +165,59 @@ async def query_embedding(count: int) -> list[float]:
     return latencies
 
 
-async def _scan_database(admin_url: str) -> str:
-    url = urlunsplit(urlsplit(admin_url)._replace(path="/bench_scan"))
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute("CREATE DATABASE bench_scan")
-        await conn.execute("ALTER DATABASE bench_scan SET gateway.pgvector = 'off'")
-        await conn.execute("ALTER DATABASE postgres SET maintenance_work_mem = '512MB'")
-    finally:
-        await conn.close()
+async def _scan_runtime(hnsw: Runtime) -> Runtime:
+    """A second database on the same server, migrated with ``gateway.pgvector = off``."""
+    assert hnsw.settings.database_url
+    url = urlunsplit(urlsplit(hnsw.settings.database_url)._replace(path="/bench_scan"))
+    await hnsw.pg.execute("CREATE DATABASE bench_scan")
+    await hnsw.pg.execute("ALTER DATABASE bench_scan SET gateway.pgvector = 'off'")
+    # The HNSW build at 100k wants more than the default 64 MB (the graph fits in memory).
+    database = await hnsw.pg.fetchval("SELECT current_database()")
+    await hnsw.pg.execute(f"ALTER DATABASE {database} SET maintenance_work_mem = '512MB'")
+    await hnsw.pg.expire_connections()
     await migrate_url(url)
-    return url
+    return await open_runtime(replace(hnsw.settings, database_url=url))
 
 
-async def run(settings: Settings, args: argparse.Namespace) -> None:
-    assert settings.database_url
-    scan_url = await _scan_database(settings.database_url)
-    await migrate_url(settings.database_url)
-    hnsw = await open_runtime(settings)
-    scan = await open_runtime(replace(settings, database_url=scan_url))
-    try:
-        print(f"load at start {os.getloadavg()[0]:.2f}; pgvector "
-              f"{(await vectors.layout(hnsw)).version}, {DIMS} dimensions, top-{K}")
-        for size in args.sizes:
-            r = await search_at(hnsw, scan, size, args.queries, args.scan_queries)
-            h50, h99 = percentile(r["hnsw"], 0.5) * 1e3, percentile(r["hnsw"], 0.99) * 1e3
-            s50, s99 = percentile(r["scan"], 0.5) * 1e3, percentile(r["scan"], 0.99) * 1e3
-            print(f"{size:>7} chunks (COPY {r['load_s']:.1f} s, HNSW build {r['build_s']:.1f} s)"
-                  f"\n  hnsw  p50 {h50:8.2f} ms  p99 {h99:8.2f} ms  ({len(r['hnsw'])} queries,"
-                  f" recall@{K} {r['recall']:.3f})"
-                  f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
-                  f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
-                  f"   load {os.getloadavg()[0]:.2f}")
-        q = await query_embedding(200)
-        print(f"query embedding (local model, its thread): p50 "
-              f"{percentile(q, 0.5) * 1e3:.2f} ms  p99 {percentile(q, 0.99) * 1e3:.2f} ms")
-        pool = prose()
-        texts = [pool[i % len(pool)] for i in range(args.documents * args.per_doc)]
-        embedding.local().embed_now(texts[:64])  # the model loaded outside the timings
-        stage_runs, direct_runs = [], []
-        for _ in range(args.rounds):  # interleaved, best of each: the machine is shared
-            direct_runs.append(direct(texts, args.per_doc))
-            stage_runs.append(await embed_stage(hnsw, texts, args.per_doc, args.concurrency))
-        stage_s, direct_s = min(stage_runs), min(direct_runs)
-        print(f"embed stage: {len(texts)} chunks, {args.per_doc} per document, concurrency "
-              f"{args.concurrency}, best of {args.rounds}: {len(texts) / stage_s:.0f} chunks/s"
-              f" ({stage_s:.2f} s); model directly {len(texts) / direct_s:.0f} chunks/s "
-              f"({direct_s:.2f} s); ratio {direct_s / stage_s:.2f}   "
-              f"load {os.getloadavg()[0]:.2f}")
-    finally:
-        await hnsw.close()
-        await scan.close()
+async def run(args: argparse.Namespace, root: Path) -> None:
+    async with embedded_runtime(root) as hnsw:
+        scan = await _scan_runtime(hnsw)
+        try:
+            await measure(hnsw, scan, args)
+        finally:
+            await scan.close()
+
+
+async def measure(hnsw: Runtime, scan: Runtime, args: argparse.Namespace) -> None:
+    print(f"load at start {os.getloadavg()[0]:.2f}; pgvector "
+          f"{(await vectors.layout(hnsw)).version}, {DIMS} dimensions, top-{K}")
+    for size in args.sizes:
+        r = await search_at(hnsw, scan, size, args.queries, args.scan_queries)
+        h50, h99 = percentile(r["hnsw"], 0.5) * 1e3, percentile(r["hnsw"], 0.99) * 1e3
+        s50, s99 = percentile(r["scan"], 0.5) * 1e3, percentile(r["scan"], 0.99) * 1e3
+        print(f"{size:>7} chunks (COPY {r['load_s']:.1f} s, HNSW build {r['build_s']:.1f} s)"
+              f"\n  hnsw  p50 {h50:8.2f} ms  p99 {h99:8.2f} ms  ({len(r['hnsw'])} queries,"
+              f" recall@{K} {r['recall']:.3f})"
+              f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
+              f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
+              f"   load {os.getloadavg()[0]:.2f}")
+    q = await query_embedding(200)
+    print(f"query embedding (local model, its thread): p50 "
+          f"{percentile(q, 0.5) * 1e3:.2f} ms  p99 {percentile(q, 0.99) * 1e3:.2f} ms")
+    pool = prose()
+    texts = [pool[i % len(pool)] for i in range(args.documents * args.per_doc)]
+    embedding.local().embed_now(texts[:64])  # the model loaded outside the timings
+    stage_runs, direct_runs = [], []
+    for _ in range(args.rounds):  # interleaved, best of each: the machine is shared
+        direct_runs.append(direct(texts, args.per_doc))
+        stage_runs.append(await embed_stage(hnsw, texts, args.per_doc, args.concurrency,
+                                            args.batch))
+    stage_s, direct_s = min(stage_runs), min(direct_runs)
+    print(f"embed stage: {len(texts)} chunks, {args.per_doc} per document, concurrency "
+          f"{args.concurrency}, batch {args.batch}, best of {args.rounds}: "
+          f"{len(texts) / stage_s:.0f} chunks/s ({stage_s:.2f} s); model directly "
+          f"{len(texts) / direct_s:.0f} chunks/s ({direct_s:.2f} s); ratio "
+          f"{direct_s / stage_s:.2f}   load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> int:
@@ -231,22 +230,8 @@ def main() -> int:
     parser.add_argument("--per-doc", type=int, default=4, help="chunks per document")
     parser.add_argument("--concurrency", type=int, default=4, help="embed loops")
     parser.add_argument("--rounds", type=int, default=3, help="embed: runs of each")
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="gwbench-search-"))
-    servers: list[Any] = []
-    try:
-        durable = embedded.RedisServer("durable", root / "durable",
-                                       embedded.new_password()).start()
-        servers.append(durable)
-        cache = embedded.RedisServer("cache", root / "cache", embedded.new_password()).start()
-        servers.append(cache)
-        pg = embedded.PostgresServer(root / "pg" / "data").start()
-        servers.append(pg)
-        settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
-                           database_url=pg.url)
-        asyncio.run(run(settings, args))
-    finally:
-        embedded.stop_all(servers)
+    parser.add_argument("--batch", type=int, default=8, help="embed: items per transaction")
+    run_in_tempdir(run, parser.parse_args())
     return 0
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 _LOCK_ID = 0x766563  # "vec": index creation, one process at a time
+# A build over a model's existing rows (an index dropped by hand) may take minutes.
+BUILD_SECONDS = 1800.0
 _LAYOUT = """
 SELECT format_type(a.atttypid, a.atttypmod) AS type,
        (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS version
@@ -87,7 +89,8 @@ async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
                                        index_name(model)):
                 async with conn.transaction():
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
-                    await conn.execute(_create_index(model, dimensions))
+                    await conn.execute(_create_index(model, dimensions),
+                                       timeout=BUILD_SECONDS)
     done.add(model)
 
 
@@ -128,6 +131,7 @@ def nearest_sql(pgvector: bool, model: str, dimensions: int) -> str:
 
 async def nearest(runtime: Any, vector: np.ndarray, model: str, limit: int,
                   timeout: float | None = None) -> list[Any]:
-    """The ``limit`` chunks nearest to ``vector``; ``timeout`` cancels the statement."""
+    """The ``limit`` chunks nearest to ``vector`` (on the client-read pool); ``timeout``
+    cancels the statement."""
     sql = nearest_sql((await layout(runtime)).pgvector, model, len(vector))
-    return list(await runtime.pg.fetch(sql, vector.tolist(), limit, timeout=timeout))
+    return list(await runtime.pg_reads.fetch(sql, vector.tolist(), limit, timeout=timeout))
