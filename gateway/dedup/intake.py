@@ -31,11 +31,12 @@ from redis.exceptions import NoScriptError
 
 from gateway.dedup import claims
 from gateway.pipeline import metrics
-from gateway.pipeline.queue import add_call
+from gateway.pipeline.queue import Quota, add_call
 from gateway.pipeline.scripts import scripts_for
 from gateway.stores.coalesce import AutoPipeline
 
 log = logging.getLogger("gateway.intake")
+OVER_QUOTA = -3  # ADD's answer when the owner's quota is full
 # Claim tokens only need to be unique: a random per-process prefix and a counter are.
 _TOKEN_PREFIX = secrets.token_hex(6)
 _counter = itertools.count(1)
@@ -45,6 +46,7 @@ class Intake(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     REFUSED = "refused"  # the guard key existed: nothing was written
+    OVER_QUOTA = "over_quota"  # the owner holds its quota of items or bytes: nothing written
 
 
 class Intaker:
@@ -68,14 +70,14 @@ class Intaker:
     async def submit(self, claim_key: str | None, item_id: str,
                      document: dict[str, Any] | str, *,
                      priority: str = "normal", doc_type: str = "other",
-                     guard: str | None = None) -> Intake:
+                     guard: str | None = None, quota: Quota | None = None) -> Intake:
         """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue
         ``document`` (a dict, or its JSON already encoded), unless the key ``guard`` exists
         (then ``REFUSED``, nothing written). On a single instance the guard is read inside
         the same script; on a cluster, where it lives in another slot, by one command
         before."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type,
-                                      window=self._window_arg)
+                                      window=self._window_arg, quota=quota)
         if self.atomic and (claim_key is not None or guard is not None):
             if claim_key is None:
                 added = await self.auto.run_script(self._guard_add, [*add_keys, str(guard)],
@@ -88,11 +90,15 @@ class Intaker:
             added = -1
         else:
             added = await self._claim_then_add(claim_key, add_keys, add_args)
-        added = int(added)
+        return self._outcome(int(added))
+
+    def _outcome(self, added: int) -> Intake:
         if added == 1:
             self._enqueued.inc()
             return Intake.ACCEPTED
-        return Intake.REFUSED if added < 0 else Intake.DUPLICATE
+        if added == 0:
+            return Intake.DUPLICATE
+        return Intake.OVER_QUOTA if added == OVER_QUOTA else Intake.REFUSED
 
     async def _claim_then_add(self, claim_key: str | None, add_keys: list[str],
                               add_args: list[str]) -> Any:
@@ -114,6 +120,10 @@ class Intaker:
             if won:
                 await self._release(claim_key, token)
             raise added
+        if int(added) < 0:  # over quota: nothing enqueued, so no claim may stay either
+            if won:
+                await self._release(claim_key, token)
+            return added
         if claim_key is not None and (won or int(added)):
             # Not awaited: if this write is lost the in-progress claim simply expires, and
             # ADD's own window keeps rejecting the item meanwhile.

@@ -15,6 +15,7 @@ from gateway.api.errors import ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import Settings
 from gateway.dedup.intake import Intake, Intaker
+from gateway.inbound import quotas
 from gateway.inbound.admission import Admission
 from gateway.leases.maintenance import MaintenanceView, view_for
 from gateway.security.brute import BruteBarrier, BruteSettings
@@ -34,6 +35,7 @@ class Inbound:
     barrier: BruteBarrier
     maintenance: MaintenanceView
     admission: Admission
+    quotas: quotas.QuotaSettings
 
 
 INBOUND: web.AppKey[Inbound] = web.AppKey("inbound", Inbound)
@@ -48,7 +50,8 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
                       BruteBarrier(auto, BruteSettings.from_section(
                           runtime.settings.section("security"))),
                       view_for(runtime.durable),
-                      Admission(runtime.durable, runtime.settings.section("admission")))
+                      Admission(runtime.durable, runtime.settings.section("admission")),
+                      quotas.QuotaSettings.from_section(runtime.settings.section("quotas")))
     app[INBOUND] = inbound
     add_readiness_check(app, "admission", inbound.admission.readiness, required=False)
 
@@ -102,6 +105,9 @@ async def read_body(request: web.Request) -> bytes:
 def intake_answer(outcome: Intake, item_id: str) -> web.Response:
     """202 ``{"status": "accepted", "item_id"}`` or 200 ``{"status": "duplicate", ...}``,
     encoded without building a dict per request (this is the hot path of the ingest bench)."""
-    status, head = _ANSWERS[outcome]
+    answer = _ANSWERS.get(outcome)
+    if answer is None:  # over quota (a revoked credential's refusal is the route's to make)
+        raise quotas.exceeded()
+    status, head = answer
     return web.Response(status=status, body=head + _quote(item_id).encode() + b"}",
                         content_type="application/json")

@@ -104,7 +104,8 @@ async def submit_job(request: web.Request) -> web.Response:
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
         keys.dedup_job(item_id) if job_id else None, item_id, document,
-        priority=priority, doc_type=doc_type, guard=principal.revocation_mark)
+        priority=priority, doc_type=doc_type, guard=principal.revocation_mark,
+        quota=inbound.quotas.for_credential(principal.owner))
     if outcome is Intake.REFUSED:  # the credential was revoked: nothing was written
         raise await request.app[REFUSE](request, "unknown or revoked API key")
     return intake_answer(outcome, item_id)

@@ -100,7 +100,8 @@ async def receive(request: web.Request) -> web.Response:
             return intake_answer(Intake.DUPLICATE, item_id_for(verified.source, first))
     item_id = item_id_for(verified.source, verified.delivery_id)
     outcome = await inbound.intaker.submit(
-        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload)
+        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload,
+        quota=inbound.quotas.for_source(verified.source))
     return intake_answer(outcome, item_id)
 
 

@@ -30,6 +30,7 @@ from gateway.pipeline.stages import (
     inflight_key,
     meta_key,
     next_stage,
+    quota_key,
     ready_class_key,
     ready_keys,
     seen_key,
@@ -84,19 +85,35 @@ _ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
              for stage in STAGES for p, base in PRIORITY_BASE.items()
              for t, bonus in TYPE_BONUS.items()}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
+_NO_QUOTA_ARGS = ("0", "0")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one owner may hold in the pipeline at once (0: no limit of that kind)."""
+
+    owner: str
+    items: int
+    bytes: int
+
+
+_NO_QUOTA_KEY = quota_key("")
 
 
 def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str = "normal",
              doc_type: str = "other", *, stage: str = "store", force: bool = False,
-             window: str = _WINDOW_ARG) -> tuple[list[str], list[str]]:
+             window: str = _WINDOW_ARG, quota: Quota | None = None
+             ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``.
     ``window`` is the dedup window in milliseconds, as text (the inbound routes pass
-    ``GATEWAY_DEDUP_TTL``'s, so the claim and ADD agree)."""
+    ``GATEWAY_DEDUP_TTL``'s, so the claim and ADD agree); ``quota``: refused (-3) when the
+    owner's items in the pipeline would pass it."""
     if not item_id or not isinstance(item_id, str):
         raise ValueError("item_id must be a non-empty string")
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
-        keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type]]
+        keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type],
+                quota_key(quota.owner) if quota else _NO_QUOTA_KEY]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
@@ -108,7 +125,8 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
     else:
         payload = _ENCODE(document)
     args = [item_id, payload, base, bonus, window, "1" if force else "0", stage,
-            _EPOCH_ARG, _TRIM_ARG]
+            _EPOCH_ARG, _TRIM_ARG, *((str(quota.items), str(quota.bytes)) if quota
+                                     else _NO_QUOTA_ARGS)]
     return keys, args
 
 

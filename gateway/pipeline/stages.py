@@ -47,6 +47,12 @@ def seen_bucket(bucket: int) -> str:
     return keys.q("seen", bucket)
 
 
+def quota_key(owner: str) -> str:
+    """HASH item -> payload bytes of the owner's items in the pipeline, '~bytes' -> their sum
+    (``owner``: a credential's namespace, ``src.<source>`` for a webhook source)."""
+    return keys.q("quota", owner or "-")
+
+
 def meta_key() -> str:
     """HASH item -> "stage|status|base|bonus|failures|reclaims|payload" for every item in
     flight; payload = the document JSON until the store stage has persisted it, then ''."""

@@ -112,3 +112,36 @@ local function dead_letter(dead_key, meta_key, stats_key, item, m, reason, now)
     at = tostring(now), failures = m.failures, reclaims = m.reclaims}))
   redis.call('HINCRBY', stats_key, 'dead', 1)
 end
+
+-- An owner's quota: the hash holds each of its items still in the pipeline (item -> payload
+-- bytes) and their sum under '~bytes'. Items leave the pipeline by several scripts, none of
+-- which knows owners: an entry whose item has left is dropped here, lazily, only when the
+-- owner looks full (a random sample per call, so the cost stays bounded and an owner whose
+-- items have finished is let in again after a call or two). Takes the new item's place and
+-- answers true, or answers false (nothing written) when it does not fit.
+local QUOTA_BYTES, QUOTA_SWEEP = '~bytes', 128
+local function quota_take(quota, meta, item, size, max_items, max_bytes)
+  local total = tonumber(redis.call('HGET', quota, QUOTA_BYTES) or '0')
+  local count = redis.call('HLEN', quota) - (total > 0 and 1 or 0)
+  local function fits()
+    return (max_items <= 0 or count + 1 <= max_items)
+       and (max_bytes <= 0 or total + size <= max_bytes)
+  end
+  if not fits() then
+    local sample = redis.call('HRANDFIELD', quota, QUOTA_SWEEP, 'WITHVALUES')
+    for i = 1, #sample, 2 do
+      local held = sample[i]
+      if held ~= QUOTA_BYTES and redis.call('HEXISTS', meta, held) == 0 then
+        redis.call('HDEL', quota, held)
+        total = total - tonumber(sample[i + 1])
+        count = count - 1
+      end
+    end
+    if total <= 0 then redis.call('HDEL', quota, QUOTA_BYTES); total = 0 end
+    if total > 0 then redis.call('HSET', quota, QUOTA_BYTES, total) end
+    if not fits() then return false end
+  end
+  redis.call('HSET', quota, item, size)
+  redis.call('HINCRBY', quota, QUOTA_BYTES, size)
+  return true
+end

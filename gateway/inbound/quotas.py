@@ -1,0 +1,59 @@
+"""Per-owner quotas: what one credential, or one webhook source, may hold in the pipeline
+at once (items and payload bytes), so that no single sender can take redis-durable's memory
+from the others, whatever the instance-wide admission (``admission.py``) still allows.
+
+The count lives with the items (``q:{pipeline}:quota:<owner>``, kept by the ADD script in
+the same call that enqueues): an item counts from its acceptance until it leaves the
+pipeline (done or dead-lettered). Past either limit a submission is answered ``429
+quota_exceeded`` + ``Retry-After`` and nothing is written. The admin token has none.
+
+TOML ``[quotas]``: ``items_per_credential`` (10,000), ``bytes_per_credential`` (64 MiB),
+``items_per_source`` (50,000), ``bytes_per_source`` (128 MiB); 0 turns a limit off."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.api.errors import ApiError
+from gateway.config import ConfigError
+from gateway.pipeline.queue import Quota
+
+RETRY_SECONDS = 30  # items leave at the pipeline's pace, not in an instant
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    items_per_credential: int = 10_000
+    bytes_per_credential: int = 64 * 2**20
+    items_per_source: int = 50_000
+    bytes_per_source: int = 128 * 2**20
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> QuotaSettings:
+        values: dict[str, int] = {}
+        for name, raw in section.items():
+            if name not in cls.__dataclass_fields__:
+                raise ConfigError(f"[quotas].{name}", "unknown setting")
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+                raise ConfigError(f"[quotas].{name}", f"must be a whole number >= 0 (got {raw!r})")
+            values[name] = raw
+        return cls(**values)
+
+    def for_credential(self, owner: str) -> Quota | None:
+        """The quota of a credential's namespace (None for the admin's, or when off)."""
+        return _quota(owner, self.items_per_credential, self.bytes_per_credential)
+
+    def for_source(self, source: str) -> Quota | None:
+        return _quota(f"src.{source}", self.items_per_source, self.bytes_per_source)
+
+
+def _quota(owner: str, items: int, size: int) -> Quota | None:
+    return Quota(owner, items, size) if owner and (items or size) else None
+
+
+def exceeded() -> ApiError:
+    return ApiError(429, "quota_exceeded",
+                    "this sender holds its quota of queued items or bytes; retry once some "
+                    "are processed", {"Retry-After": str(RETRY_SECONDS)})
