@@ -2,7 +2,8 @@
 with the real bot libraries, real Redis and PostgreSQL: the model's reply streams into one
 message on Telegram, Slack and Mattermost and ends as exactly its text; the conversation is
 sent trimmed to ``history_tokens`` after the system prompt; a failing chain ends in the
-apology; over budget, the bot says so and calls no model."""
+apology (after the words shown, when a provider fails mid-stream); over budget, the bot says
+so and calls no model."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.conversations.platforms import (
     bot_replies,
     limits,
 )
-from tests.fakes.openai import FakeOpenAI, dead_port, provider_tables
+from tests.fakes.openai import FakeOpenAI, dead_port, provider_tables, split_reply
 from tests.fakes.pytest_plugin import OPENAI_KEY
 from tests.helpers import wait_until
 
@@ -102,6 +103,20 @@ async def test_a_failing_chain_ends_in_the_apology(chat: Chat, fake_openai: Fake
     assert chat.typing()  # the chat saw the bot at work, then the apology, never silence
     await wait_until(lambda: bot_replies(runtime), message="reply stored")
     assert await bot_replies(runtime) == [APOLOGY]
+
+
+@pytest.mark.parametrize("chat", ["telegram"], indirect=True)
+async def test_a_provider_failing_after_its_first_words_ends_in_them_and_the_apology(
+        chat: Chat, fake_openai: FakeOpenAI, runtime: Runtime) -> None:
+    fake_openai.reply = STORY
+    fake_openai.break_stream(after=3)  # then the connection drops: no fallback after words
+    await chat.start(sections(("a", fake_openai), ("b", fake_openai)))
+    await chat.say("tell me a story")
+    ending = f"{''.join(split_reply(STORY)[:3]).rstrip()}\n\n{APOLOGY}"
+    await chat.wait_for_text(ending)
+    assert len(chat.shown()) == 1 and len(fake_openai.calls_to("chat")) == 1
+    await wait_until(lambda: bot_replies(runtime), message="reply stored")
+    assert await bot_replies(runtime) == [ending]
 
 
 @pytest.mark.parametrize("chat", ["telegram"], indirect=True)
