@@ -62,6 +62,10 @@ STILL_VALID: web.AppKey[StillValid] = web.AppKey("still_valid")
 TopicGrant = Callable[[Principal, list[str]], Awaitable[set[str]]]
 TOPIC_GRANT: web.AppKey[TopicGrant] = web.AppKey("topic_grant")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")  # who the request is
+# The client's address as the barrier counts it (through trusted proxies, right to left;
+# IPv6 by /64): per-client caps key on it, so a proxy's clients are told apart.
+ClientAddress = Callable[[web.Request], str]
+CLIENT_ADDRESS: web.AppKey[ClientAddress] = web.AppKey("client_address")
 PUBLIC = "public"  # the scope of routes that need no credential (signed or harmless ones)
 # Connections accepted past the connection cap (``gateway.web.connections``): they may reach
 # only ``PUBLIC`` routes (health probes, signed inbound deliveries).

@@ -14,7 +14,13 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
-from gateway.api.state import STILL_VALID, TOPIC_GRANT, add_readiness_check, principal_of
+from gateway.api.state import (
+    CLIENT_ADDRESS,
+    STILL_VALID,
+    TOPIC_GRANT,
+    add_readiness_check,
+    principal_of,
+)
 from gateway.push import feed, sse
 from gateway.push.hub import Hub, Subscriber
 from gateway.push.protocol import FeedError
@@ -96,7 +102,8 @@ class StreamCaps:
 
     @contextlib.contextmanager
     def admit(self, request: web.Request) -> Iterator[None]:
-        client = request.remote or "unknown"
+        client = (request.app[CLIENT_ADDRESS](request) if CLIENT_ADDRESS in request.app
+                  else "") or request.remote or "unknown"
         if self.count >= self.total:
             raise ApiError(503, "busy", f"this server holds {self.total} streams already",
                            {"Retry-After": "5"})

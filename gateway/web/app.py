@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.access import authenticate
 from gateway.api import routes
-from gateway.api.state import OVER_CAP, RUNTIME
+from gateway.api.state import CLIENT_ADDRESS, OVER_CAP, RUNTIME, ClientAddress
 from gateway.inbound.http_intake import install as install_inbound
 from gateway.stores.runtime import Runtime
 
@@ -43,7 +43,10 @@ def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.
     app[OVER_CAP] = set()  # filled by the connection gate of ``serve`` (web.connections)
     # Every scoped route checks credentials; a 401 counts in the same per-address barrier
     # as a bad webhook signature.
-    authenticate.install(app, runtime, install_inbound(app, runtime).barrier)
+    barrier = install_inbound(app, runtime).barrier
+    authenticate.install(app, runtime, barrier)
+    client_address: ClientAddress = barrier.client_ip
+    app[CLIENT_ADDRESS] = client_address
     for name in components:
         importlib.import_module(name).setup(app, runtime)
     routes.fallback(app)

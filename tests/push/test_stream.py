@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -318,6 +319,29 @@ async def test_a_topic_whose_first_head_read_failed_is_read_by_the_poll(
     rows = await asyncio.wait_for(sub.take(), 10)
     assert [row.payload["item_id"] for row in rows] == ["late"]
     hub.unsubscribe(sub)
+
+
+async def test_stream_caps_tell_apart_the_clients_of_a_trusted_proxy(
+        push_server: Any, runtime: Runtime) -> None:
+    """Behind a trusted proxy every stream comes from the proxy's address: the per-client cap
+    counts the client the proxy names (X-Forwarded-For, right to left), not the proxy."""
+    proxied = dataclasses.replace(runtime, settings=dataclasses.replace(
+        runtime.settings, sections={**runtime.settings.sections,
+                                    "security": {"trusted_proxies": ["127.0.0.1"]}}))
+    client = await push_server(rt=proxied, max_streams_per_client=2, max_streams=10)
+
+    async def stream(address: str) -> Any:
+        return await client.get("/v1/stream", params={"topics": "pipeline"},
+                                headers={"X-Forwarded-For": address})
+
+    greedy = [await stream("203.0.113.5") for _ in range(2)]
+    assert [r.status for r in greedy] == [200, 200]
+    refused = await stream("203.0.113.5")
+    assert refused.status == 429
+    bystander = await stream("203.0.113.6")
+    assert bystander.status == 200
+    for resp in [*greedy, refused, bystander]:
+        resp.close()
 
 
 async def test_streams_are_capped_per_client_and_per_process(push_server: Any) -> None:
