@@ -27,6 +27,7 @@ import numpy as np
 _LOCK_ID = 0x766563  # "vec": index creation, one process at a time
 # A build over a model's existing rows (an index dropped by hand) may take minutes.
 BUILD_SECONDS = 1800.0
+EF_SEARCH = 40  # pgvector's default breadth of an HNSW walk
 _LAYOUT = """
 SELECT format_type(a.atttypid, a.atttypmod) AS type,
        (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS version
@@ -133,5 +134,11 @@ async def nearest(runtime: Any, vector: np.ndarray, model: str, limit: int,
                   timeout: float | None = None) -> list[Any]:
     """The ``limit`` chunks nearest to ``vector`` (on the client-read pool); ``timeout``
     cancels the statement."""
-    sql = nearest_sql((await layout(runtime)).pgvector, model, len(vector))
-    return list(await runtime.pg_reads.fetch(sql, vector.tolist(), limit, timeout=timeout))
+    pgvector = (await layout(runtime)).pgvector
+    sql = nearest_sql(pgvector, model, len(vector))
+    if not pgvector or limit <= EF_SEARCH:
+        return list(await runtime.pg_reads.fetch(sql, vector.tolist(), limit, timeout=timeout))
+    # An HNSW walk returns at most ef_search rows: widen it for this statement only.
+    async with runtime.pg_reads.acquire() as conn, conn.transaction():
+        await conn.execute(f"SET LOCAL hnsw.ef_search = {int(limit)}")
+        return list(await conn.fetch(sql, vector.tolist(), limit, timeout=timeout))

@@ -92,6 +92,10 @@ async def test_hnsw_and_scan_agree_on_top_k(runtime, scan_runtime) -> None:
                                                             for r in scan][:1]
         agreed += [r["item_id"] for r in hnsw] == [r["item_id"] for r in scan]
     assert agreed >= 0.95 * len(queries), f"top-{k} equal for {agreed} of {len(queries)}"
+    # A walk returns at most hnsw.ef_search (40) rows unless widened for the statement.
+    widest = await vectors.nearest(runtime, queries[0], model, 50)
+    assert len(widest) == 50 and [r["item_id"] for r in widest[:k]] == [
+        r["item_id"] for r in await vectors.nearest(scan_runtime, queries[0], model, k)]
 
 
 async def _finished(rt, count: int) -> bool:  # type: ignore[no-untyped-def]
