@@ -6,6 +6,13 @@ They are a few lines of ``hmac`` each: the official SDKs (``standardwebhooks``, 
 pull in HTTP clients and date parsers for the same dozen lines, and none covers all three.
 Every comparison is constant-time (``hmac.compare_digest``); timestamps are checked against a
 tolerance so a captured request cannot be replayed later.
+
+Three kinds of refusal, because the brute-force barrier must tell them apart:
+``SignatureError`` (a missing or malformed signature header, or a well-formed signature that
+does not match: counted), ``StaleSignature`` (the signature matches but its timestamp is
+outside the tolerance: a replay or a skewed clock, which proves possession of a genuine
+request rather than a guess, so not counted) and ``MalformedError`` (signed, but an unusable
+id or body: 400, not counted).
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ class SignatureError(Exception):
     """The request is not provably from the configured sender (answer 401)."""
 
 
+class StaleSignature(Exception):
+    """Correctly signed, but the signed timestamp is outside the tolerance: a replay or a
+    sender's clock gone wrong, not a guess at the secret (answer 401, not counted)."""
+
+
 class MalformedError(Exception):
     """The request is signed correctly but unusable as sent (answer 400)."""
 
@@ -46,16 +58,20 @@ def _check_id(delivery_id: str, header: str) -> str:
     return delivery_id
 
 
-def _check_timestamp(text: str, now: float, header: str) -> int:
+def _parse_timestamp(text: str, header: str) -> int:
     try:
         timestamp = int(text)
         if len(text) > 20:  # a 400-digit "timestamp" would overflow the float comparison
             raise ValueError
     except ValueError:
         raise SignatureError(f"{header} is not a Unix timestamp") from None
-    if abs(now - timestamp) > TOLERANCE_SECONDS:
-        raise SignatureError(f"{header} is outside the {TOLERANCE_SECONDS} s tolerance")
     return timestamp
+
+
+def _check_fresh(timestamp: int, now: float, header: str) -> None:
+    """After the signature matched: only then is an old timestamp a replay, not garbage."""
+    if abs(now - timestamp) > TOLERANCE_SECONDS:
+        raise StaleSignature(f"{header} is outside the {TOLERANCE_SECONDS} s tolerance")
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,13 +104,14 @@ def sign_standard(secret_key: bytes, msg_id: str, timestamp: int, body: bytes) -
 def verify_standard(source: WebhookSource, headers: Mapping[str, str], body: bytes,
                     now: float) -> str:
     msg_id = _header(headers, "webhook-id")
-    timestamp = _check_timestamp(_header(headers, "webhook-timestamp"), now, "webhook-timestamp")
+    timestamp = _parse_timestamp(_header(headers, "webhook-timestamp"), "webhook-timestamp")
     expected = standard_signature(_key(source), msg_id, timestamp, body).encode()
     # Several space-separated signatures let a sender rotate its secret without downtime.
     offered = _header(headers, "webhook-signature").split()
     if not any(hmac.compare_digest(expected, sig.encode("utf-8", "replace"))
                for sig in offered if sig.startswith("v1,")):
         raise SignatureError("no matching v1 signature in webhook-signature")
+    _check_fresh(timestamp, now, "webhook-timestamp")
     return _check_id(msg_id, "webhook-id")
 
 
@@ -137,11 +154,12 @@ def verify_stripe(source: WebhookSource, headers: Mapping[str, str], body: bytes
     for item in _header(headers, "Stripe-Signature").split(","):
         name, _, value = item.strip().partition("=")
         fields.setdefault(name, []).append(value)
-    timestamp = _check_timestamp((fields.get("t") or [""])[0], now, "Stripe-Signature t")
+    timestamp = _parse_timestamp((fields.get("t") or [""])[0], "Stripe-Signature t")
     expected = stripe_signature(_key(source), timestamp, body).encode()
     if not any(hmac.compare_digest(expected, sig.encode("utf-8", "replace"))
                for sig in fields.get("v1", [])):
         raise SignatureError("no matching v1 signature in Stripe-Signature")
+    _check_fresh(timestamp, now, "Stripe-Signature t")
     return "sha256-" + hashlib.sha256(body).hexdigest()
 
 

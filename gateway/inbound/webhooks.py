@@ -2,7 +2,8 @@
 
 Order of the checks, cheapest and least revealing first: unknown source (404, no store
 touched), blocked address (429), content type (415), body size (413, refused while reading,
-chunked or not), signature (401, counted by the brute-force barrier), body shape (400),
+chunked or not), signature (401, counted by the brute-force barrier unless it matched and
+only its timestamp is stale), body shape (400),
 freshness when configured (400, ``gateway.inbound.replay``). Only then is anything written:
 for a source with a body window (GitHub's default), the body's replay mark; then the dedup
 claim ``dedup:webhook:<source>:<delivery id>`` and the ADD of item
@@ -79,6 +80,8 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
         if blocked_for:
             raise inbound.barrier.refusal(blocked_for) from None
         raise ApiError(401, "bad_signature", str(exc)) from None
+    except signing.StaleSignature as exc:  # a replay, not a guess: not counted
+        raise ApiError(401, "stale_signature", str(exc)) from None
     except signing.MalformedError as exc:
         raise ApiError(400, "malformed", str(exc)) from None
     return Verified(name, delivery_id, payload, body, value)

@@ -11,12 +11,23 @@ the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy (nev
 left-most, which the client writes). An IPv6 address counts by its /64, since one host holds
 a whole /64. A request through trusted proxies that names no client (no entry beyond the
 proxies, or garbage) is neither checked nor counted: a proxy is never blocked, so nobody can
-lock out every sender behind it. What counts as a failure: a bad signature or secret on the
-signed routes (a request whose shape is wrong is a 400 and counts nothing), and every refused
-credential (401) elsewhere. Configuration
-(TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window`` (60 s),
+lock out every sender behind it.
+
+What counts as a failure, one each: on the signed routes, a missing or malformed signature
+header (garbage: no platform sends it) and a well-formed signature that does not match (a
+guess at the secret, or a sender with the wrong one); every refused credential (401)
+elsewhere. What does not count: a signature that matches but whose signed timestamp is
+stale (a replay or a skewed clock: it proves a genuine request, guesses nothing), a correctly
+signed request with an unusable id or body (400), a stale payload (400). A platform's
+sending addresses are shared by all its customers, and anyone can point a webhook or a bot
+of their own at this gateway with a wrong secret; ``never_block`` lists such ranges (e.g.
+GitHub's hook ranges from ``api.github.com/meta``, Telegram's 149.154.160.0/20 and
+91.108.4.0/22): their failures are still refused with 401 but neither counted nor blocked,
+so someone else's misconfigured hook cannot get the platform's deliveries to us refused.
+Configuration (TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window`` (60 s),
 ``brute_cooldown`` (300 s), ``trusted_proxies`` (addresses or networks, default none),
-``brute_cache_seconds`` (1 s, see ``BruteBarrier``).
+``never_block`` (addresses or networks, default none), ``brute_cache_seconds`` (1 s, see
+``BruteBarrier``).
 """
 
 from __future__ import annotations
@@ -56,25 +67,31 @@ class BruteSettings:
     cooldown: int = 300
     trusted_proxies: tuple[Network, ...] = ()
     cache_seconds: float = 1.0
+    never_block: tuple[Network, ...] = ()
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> BruteSettings:
-        proxies = section.get("trusted_proxies", ())
-        if isinstance(proxies, str):
-            proxies = [p for p in proxies.split(",") if p.strip()]
         tuned = positive_numbers(section, _TUNABLE, "GATEWAY_CONFIG [security]",
-                                 other=("trusted_proxies",))
-        try:
-            networks = tuple(ipaddress.ip_network(p.strip(), strict=False) for p in proxies)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError("GATEWAY_CONFIG [security].trusted_proxies", str(exc)) from None
+                                 other=("trusted_proxies", "never_block"))
         return cls(
             max_failures=int(tuned.get("brute_max_failures", cls.max_failures)),
             window=int(tuned.get("brute_window", cls.window)),
             cooldown=int(tuned.get("brute_cooldown", cls.cooldown)),
             cache_seconds=float(tuned.get("brute_cache_seconds", cls.cache_seconds)),
-            trusted_proxies=networks,
+            trusted_proxies=_networks(section, "trusted_proxies"),
+            never_block=_networks(section, "never_block"),
         )
+
+
+def _networks(section: Mapping[str, Any], name: str) -> tuple[Network, ...]:
+    """A list (or comma-separated string) of addresses or networks."""
+    entries = section.get(name, ())
+    if isinstance(entries, str):
+        entries = [p for p in entries.split(",") if p.strip()]
+    try:
+        return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in entries)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"GATEWAY_CONFIG [security].{name}", str(exc)) from None
 
 
 _TUNABLE = {"brute_max_failures": int, "brute_window": int, "brute_cooldown": int,
@@ -106,21 +123,30 @@ def group(address: str) -> str:
     return str(ip)
 
 
-def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str:
-    """The address the barrier counts for this request (see the module docstring):
-    ``NOBODY`` when the request came through trusted proxies that name no client, so that
-    garbage sent through a proxy never blocks everyone behind it."""
+def _client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str:
     peer = request.remote or "unknown"
     if not trusted_proxies or not is_trusted(peer, trusted_proxies):
-        return group(peer)
+        return peer
     hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
     for hop in reversed([h for h in hops if h]):
         if not is_trusted(hop, trusted_proxies):
             try:
-                return group(str(ipaddress.ip_address(hop)))
+                return str(ipaddress.ip_address(hop))
             except ValueError:
                 return NOBODY  # a forged, unparsable entry: no client to count
     return NOBODY
+
+
+def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...],
+              never_block: tuple[Network, ...] = ()) -> str:
+    """The address the barrier counts for this request (see the module docstring):
+    ``NOBODY`` when the request came through trusted proxies that name no client, so that
+    garbage sent through a proxy never blocks everyone behind it, and for a client in
+    ``never_block`` (a platform's shared sending ranges)."""
+    address = _client_address(request, trusted_proxies)
+    if address == NOBODY or (never_block and is_trusted(address, never_block)):
+        return NOBODY
+    return group(address)
 
 
 class BruteBarrier:
@@ -142,7 +168,7 @@ class BruteBarrier:
         self._clear_until: dict[str, float] = {}
 
     def client_ip(self, request: web.Request) -> str:
-        return client_ip(request, self.config.trusted_proxies)
+        return client_ip(request, self.config.trusted_proxies, self.config.never_block)
 
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""

@@ -2,13 +2,16 @@
 the design requires; compose, Dockerfile and systemd units are well-formed."""
 
 import configparser
+import ipaddress
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
 import redis
 import yaml
 
+from gateway.security.brute import BruteSettings
 from gateway.stores import embedded
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -71,3 +74,22 @@ def test_systemd_units_parse_and_run_gateway() -> None:
 def test_dockerfile_runs_gateway_as_unprivileged_user() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["gateway"]' in text and "\nUSER gateway\n" in text
+
+
+def test_compose_trusts_its_proxy_and_nothing_else() -> None:
+    """The barrier's client address in compose: the gateway publishes no port, the `proxy`
+    service does, at a fixed address in the network's fixed subnet, and gateway.toml (where
+    GATEWAY_CONFIG points, mounted read-only) trusts exactly that address."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    gateway, proxy = services["gateway"], services["proxy"]
+    assert "ports" not in gateway and proxy["ports"] == ["8080:8080"]
+    assert "--to" in proxy["command"] and "gateway:8080" in proxy["command"]
+    address = ipaddress.ip_address(proxy["networks"]["default"]["ipv4_address"])
+    subnet = compose["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert address in ipaddress.ip_network(subnet)
+    source, target, mode = next(v for v in gateway["volumes"] if "gateway.toml" in v).split(":")
+    assert gateway["environment"]["GATEWAY_CONFIG"] == target and mode == "ro"
+    security = tomllib.loads((DEPLOY / source).read_text())["security"]
+    trusted = BruteSettings.from_section(security).trusted_proxies
+    assert trusted == (ipaddress.ip_network(address),)

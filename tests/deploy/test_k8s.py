@@ -6,6 +6,7 @@ parse as its configuration does."""
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ import pytest
 import yaml
 
 from gateway.config import ENV_VARIABLES, load_settings
+from gateway.security.brute import BruteSettings
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 API_VERSIONS = {
     "Namespace": "v1", "Service": "v1", "ConfigMap": "v1", "Secret": "v1",
     "Deployment": "apps/v1", "Job": "batch/v1", "PodDisruptionBudget": "policy/v1",
+    "Ingress": "networking.k8s.io/v1", "NetworkPolicy": "networking.k8s.io/v1",
 }
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 EXTRA_VARIABLES = {"GATEWAY_LOG_LEVEL", "GATEWAY_CONFIG"}  # read outside Settings' table
@@ -186,3 +189,53 @@ def test_environment_is_the_gateways_and_parses() -> None:
     settings = load_settings(environ)
     assert settings.port == 8080 and settings.durable_url and settings.cache_url
     assert "demo" in settings.webhook_sources
+
+
+def serve_container() -> dict[str, Any]:
+    return named("Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
+def test_serve_trusts_the_ingress_controllers_network(tmp_path: Path) -> None:
+    """The barrier's client address behind the ingress: serve reads gateway-toml's
+    [security] trusted_proxies (a private pod network, never everything), mounted where
+    GATEWAY_CONFIG points; the settings load as the gateway would load them."""
+    container = serve_container()
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    pod = named("Deployment", "gateway")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name")
+                  == "gateway-toml")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    toml_map = named("ConfigMap", "gateway-toml")["data"]
+    assert env["GATEWAY_CONFIG"] == mount["mountPath"] + "/gateway.toml" and mount["readOnly"]
+    assert "gateway.toml" in toml_map
+    security = tomllib.loads(toml_map["gateway.toml"])["security"]
+    proxies = BruteSettings.from_section(security).trusted_proxies
+    assert proxies and all(net.is_private and net.prefixlen >= 8 for net in proxies), proxies
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(toml_map["gateway.toml"])
+    environ = {**named("ConfigMap", "gateway-config")["data"],
+               **named("Secret", "gateway-secrets")["stringData"],
+               "GATEWAY_CONFIG": str(config_file)}
+    settings = load_settings(environ)
+    assert BruteSettings.from_section(settings.section("security")).trusted_proxies == proxies
+
+
+def test_only_the_ingress_controller_reaches_the_serve_pods() -> None:
+    """Trusting the pod network is safe only if no other pod can connect: the
+    NetworkPolicy admits the ingress controller's pods alone, on the http port, and the
+    Ingress routes to the gateway Service's http port."""
+    serve_labels = named("Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    policies = [p for p in of_kind("NetworkPolicy")
+                if p["spec"]["podSelector"]["matchLabels"].items() <= serve_labels.items()]
+    assert len(policies) == 1
+    spec = policies[0]["spec"]
+    assert "Ingress" in spec["policyTypes"]
+    for rule in spec["ingress"]:
+        assert rule["from"], "an empty from admits every pod"
+        for peer in rule["from"]:
+            assert set(peer) == {"namespaceSelector", "podSelector"}, peer  # no ipBlock
+        assert [p["port"] for p in rule["ports"]] == ["http"]
+    ingress = named("Ingress", "gateway")
+    backends = [path["backend"]["service"] for rule in ingress["spec"]["rules"]
+                for path in rule["http"]["paths"]]
+    assert backends == [{"name": "gateway", "port": {"name": "http"}}]

@@ -4,6 +4,7 @@ nothing half-written; and the brute-force barrier per client address."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from redis.exceptions import OutOfMemoryError
 
 from gateway import keys
+from gateway.inbound import signing
 from gateway.pipeline.status import ready_items
 from gateway.security.brute import block_key, fail_key
 from gateway.stores import redis as redis_clients
@@ -146,3 +148,47 @@ async def test_forwarded_for_is_ignored_without_trusted_proxies(client: Any,
     assert (await bad(client, "203.0.113.50")).status == 401
     assert await runtime.durable.exists(fail_key("127.0.0.1")) == 1
     assert await runtime.durable.exists(fail_key("203.0.113.50")) == 0
+
+
+async def test_stale_but_genuine_signatures_are_refused_without_counting(
+        proxied: Any, runtime: Runtime) -> None:
+    """A replay of a correctly signed request past the tolerance proves nothing was guessed:
+    401 every time, never a block, so a sender with a skewed clock is not locked out."""
+    body = body_of({"text": "old"})
+    old = int(time.time()) - signing.TOLERANCE_SECONDS - 60
+    headers = {**standard(body, "old-1", timestamp=old), "X-Forwarded-For": "203.0.113.30"}
+    answers = [await proxied.post("/v1/webhooks/demo", data=body, headers=headers)
+               for _ in range(5)]  # more than the barrier's 3
+    assert [a.status for a in answers] == [401] * 5
+    assert {(await a.json())["error"] for a in answers} == {"stale_signature"}
+    assert await runtime.durable.exists(fail_key("203.0.113.30")) == 0
+    assert (await good(proxied, "203.0.113.30", "fresh-now")).status == 202
+
+
+@pytest.mark.parametrize("headers", [
+    {"Content-Type": "application/json"},  # garbage: no signature headers at all
+    {"Content-Type": "application/json", "webhook-id": "g", "webhook-timestamp": "soon",
+     "webhook-signature": "v1,AAAA"},  # garbage: a timestamp that is not one
+], ids=["no-headers", "bad-timestamp"])
+async def test_garbage_counts_like_a_wrong_signature(proxied: Any, runtime: Runtime,
+                                                     headers: dict[str, str]) -> None:
+    sent = {**headers, "X-Forwarded-For": "203.0.113.31"}
+    statuses = [(await proxied.post("/v1/webhooks/demo", data=b"{}", headers=sent)).status
+                for _ in range(3)]
+    assert statuses == [401, 401, 429]
+    assert await runtime.durable.exists(block_key("203.0.113.31")) == 1
+
+
+async def test_never_block_ranges_are_refused_but_never_blocked(
+        make_client: Callable[..., Any], runtime: Runtime) -> None:
+    """A platform's shared range (someone else's hook with a wrong secret pointed at us):
+    its wrong signatures get 401 but never block the range, so our own deliveries from the
+    same addresses still get through; an address outside it is blocked as usual."""
+    security = {"trusted_proxies": ["127.0.0.1"], "brute_max_failures": 3,
+                "never_block": ["192.0.2.0/24"]}
+    settings = dataclasses.replace(runtime.settings, sections={"security": security})
+    client = await make_client(create_app(dataclasses.replace(runtime, settings=settings)))
+    assert [(await bad(client, "192.0.2.10")).status for _ in range(5)] == [401] * 5
+    assert (await good(client, "192.0.2.10", "ours-from-the-platform")).status == 202
+    assert [k async for k in runtime.durable.scan_iter("brute:*")] == []
+    assert [(await bad(client, "198.51.100.77")).status for _ in range(3)] == [401, 401, 429]

@@ -36,8 +36,20 @@ def test_tolerance_is_five_minutes_both_ways(offset: int, ok: bool) -> None:
     if ok:
         assert signing.verify(SOURCES["demo"], headers, BODY, now=NOW + offset) == "m"
     else:
-        with pytest.raises(signing.SignatureError, match="tolerance"):
+        with pytest.raises(signing.StaleSignature, match="tolerance"):
             signing.verify(SOURCES["demo"], headers, BODY, now=NOW + offset)
+
+
+@pytest.mark.parametrize("source", ["demo", "stripe"])
+def test_a_stale_timestamp_is_stale_only_under_a_matching_signature(source: str) -> None:
+    """The barrier counts a wrong signature, not a genuine one that is merely old: the HMAC
+    is checked first, so a forged old request is still a SignatureError."""
+    old = (standard(BODY, "m", timestamp=NOW - 3600) if source == "demo"
+           else stripe(BODY, NOW - 3600))
+    with pytest.raises(signing.StaleSignature):
+        signing.verify(SOURCES[source], old, BODY, now=NOW)
+    with pytest.raises(signing.SignatureError):
+        signing.verify(SOURCES[source], old, BODY + b" ", now=NOW)  # tampered and old
 
 
 def test_missing_header_names_it() -> None:

@@ -7,6 +7,7 @@ import ipaddress
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from gateway.config import ConfigError
 from gateway.security.brute import BruteSettings, client_ip
 
 PROXIES = BruteSettings.from_section({"trusted_proxies": ["127.0.0.1", "10.0.0.0/8"]})
@@ -61,3 +62,25 @@ async def test_a_request_naming_no_client_never_blocks_the_proxy(runtime) -> Non
     assert [key async for key in runtime.durable.scan_iter("brute:*")] == []
     assert await barrier.record_failure("2001:db8::/64") == 0
     assert await barrier.record_failure("2001:db8::/64") > 0  # the second failure blocks
+
+
+def test_never_block_ranges_count_as_nobody() -> None:
+    config = BruteSettings.from_section({"trusted_proxies": ["127.0.0.1"],
+                                         "never_block": "192.0.2.0/24, 2001:db8:1::/48"})
+    assert config.never_block == (ipaddress.ip_network("192.0.2.0/24"),
+                                  ipaddress.ip_network("2001:db8:1::/48"))
+    for peer, forwarded, expected in [
+        ("127.0.0.1", "192.0.2.9", ""),  # behind the proxy, inside the range
+        ("192.0.2.9", None, ""),  # direct, inside the range
+        ("127.0.0.1", "2001:db8:1:5::1", ""),
+        ("127.0.0.1", "198.51.100.7", "198.51.100.7"),  # outside: counted as usual
+    ]:
+        got = client_ip(request(peer, forwarded), config.trusted_proxies,  # type: ignore[arg-type]
+                        config.never_block)
+        assert got == expected, (peer, forwarded)
+
+
+def test_bad_never_block_is_named() -> None:
+    with pytest.raises(ConfigError) as caught:
+        BruteSettings.from_section({"never_block": ["github"]})
+    assert caught.value.variable == "GATEWAY_CONFIG [security].never_block"
