@@ -171,7 +171,9 @@ class ConversationService:
         delivered after it is stored, like any reply."""
         if not isinstance(send, live.LiveReply):
             return await live.collect(deltas, APOLOGY)
+        bot = f"{incoming.platform}:bot"
         pace = live.Pace(self.limiter, limit_names(incoming, self.limits, edit=True),
+                         [(n, r) for n, r in limit_names(incoming, self.limits) if n == bot],
                          self.edit_interval, self.typing_interval,
                          live.MAX_CHARS.get(incoming.platform, 4096))
         return await live.write_live(deltas, send, pace, APOLOGY)
@@ -181,7 +183,9 @@ class ConversationService:
         # Everything below runs on the connection this message already holds: asking the
         # pool for a second one could wait forever once every connection is a waiting chat.
         shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
-        delivered = await deliver(conn, self.limiter, limit_names(incoming, self.limits),
+        edit = isinstance(send, live.LiveReply) and send.editing  # the last edit of a stream
+        delivered = await deliver(conn, self.limiter,
+                                  limit_names(incoming, self.limits, edit=edit),
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
         await store.settle(conn, conversation_id, seq)

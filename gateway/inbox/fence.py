@@ -76,6 +76,10 @@ class FencedLive:
         self.ref: str | None = None  # the message showing the reply
         self.shown: str | None = None  # what it shows, as far as this process knows
 
+    @property
+    def editing(self) -> bool:
+        return self.ref is not None
+
     async def typing(self) -> None:
         await self.platform.typing()  # cosmetic: no fence needed
 

@@ -61,16 +61,22 @@ class LiveReply(Protocol):
     async def __call__(self, text: str) -> None: ...
     async def typing(self) -> None: ...
     async def show(self, text: str) -> None: ...
+    @property
+    def editing(self) -> bool:
+        """A message shows the reply already: delivering it is an edit of that message."""
+        ...
 
 
 @dataclass(frozen=True)
 class Pace:
-    """How fast a live reply may change: the ``rl:`` buckets each edit (and typing
-    indicator) passes, the least time between two edits, how often typing is renewed (a
-    Telegram indicator lasts about 5 s) and the characters one message holds."""
+    """How fast a live reply may change: the ``rl:`` buckets each edit passes, those a
+    typing indicator passes (the bot's: it is no message, so it takes nothing from the
+    chat's), the least time between two edits, how often typing is renewed (a Telegram
+    indicator lasts about 5 s) and the characters one message holds."""
 
     limiter: Limiter
     limits: list[tuple[str, Rate]]
+    typing_limits: list[tuple[str, Rate]]
     interval: float = 1.0
     typing_every: float = 4.0
     max_chars: int = 4096
@@ -80,8 +86,8 @@ class Pace:
             await self.limiter.acquire(name, rate=rate.rate, period=rate.period,
                                        burst=rate.burst)
 
-    async def try_admit(self) -> bool:
-        for name, rate in self.limits:
+    async def try_admit_typing(self) -> bool:
+        for name, rate in self.typing_limits:
             if await self.limiter.try_acquire(name, rate=rate.rate, period=rate.period,
                                               burst=rate.burst) > 0:
                 return False
@@ -166,7 +172,7 @@ async def write_live(deltas: AsyncIterator[str], live: LiveReply, pace: Pace,
 async def _typing_until_first_words(written: _Written, live: LiveReply, pace: Pace) -> None:
     while not written.done.is_set() and not written.text.strip():
         try:
-            if await pace.try_admit():  # an indicator refused by the limits is skipped
+            if await pace.try_admit_typing():  # one refused by the limits is skipped
                 await live.typing()
         except Exception as exc:  # only cosmetic: never fails the reply
             log.info("typing indicator failed (%s)", type(exc).__name__)
