@@ -52,8 +52,10 @@ import ingest  # sibling bench script: its pin() and wait_http() helpers
 import redis.asyncio as aioredis
 
 from gateway import keys
-from gateway.push import feed
+from gateway.push import feed, frames
+from gateway.push.protocol import FeedRow
 from gateway.stores import embedded
+from gateway.stores import redis as redis_clients
 from gateway.stores.migrate import migrate_url
 from gateway.stores.postgres import create_pool
 
@@ -284,6 +286,83 @@ def client_process(port: int, topic: str, clients: int, last: int, reader: str,
     asyncio.run(main())
 
 
+# --- bare fan-out reference (child process on the server's core) --------------------------
+# What any one-process fan-out must do, and nothing more: one Python process on the same
+# event loop as `gateway serve` (asyncio's default), the same redis-py subscriber of the same
+# PUBLISH, each row's SSE frame encoded once (the event `gateway serve` sends, chunk-framed)
+# and written to every client's transport in one loop. Its p99 is what SSE is compared with.
+
+_BARE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+              b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+class _FanoutConnection(asyncio.Protocol):
+    """Reads the request head, answers 200, then only receives writes."""
+
+    def __init__(self, clients: set[asyncio.Transport]) -> None:
+        self.clients, self.head = clients, b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport in self.clients:
+            return
+        self.head += data
+        if b"\r\n\r\n" in self.head:
+            self.transport.write(_BARE_HEAD + frames.chunk(b": connected\n\n"))
+            self.clients.add(self.transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.clients.discard(cast(asyncio.Transport, self.transport))
+
+
+def fanout_process(port: int, cache_url: str, topic: str, conn: Any) -> None:
+    """Serve the bare fan-out on ``port`` for ``topic`` until SIGTERM."""
+    gc.freeze()  # as `gateway serve` does once it is up
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        clients: set[asyncio.Transport] = set()
+        server = await loop.create_server(lambda: _FanoutConnection(clients), "127.0.0.1",
+                                          port, backlog=4096)
+        cache = redis_clients.connect(cache_url, variable="bench")
+        pubsub = cache.pubsub()
+        await pubsub.subscribe(keys.push_channel(topic))
+        conn.send("ready")
+        while not stop.is_set():
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if message is None:
+                continue
+            row = FeedRow.from_json(json.loads(message["data"])["row"])
+            data = frames.Frame(row).chunked  # once per row, whatever the number of clients
+            for transport in clients:
+                transport.write(data)
+        server.close()
+        await pubsub.aclose()
+        await cache.aclose()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def bare_fanout(port: int, cache_url: str, topic: str, core: int) -> Iterator[None]:
+    parent, child = mp.Pipe()
+    proc = mp.Process(target=fanout_process, args=(port, cache_url, topic, child))
+    proc.start()
+    pin(proc.pid, core)
+    try:
+        if not parent.poll(30) or parent.recv() != "ready":
+            raise SystemExit("bench: the bare fan-out process did not start")
+        yield
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+
 # --- writer and bare subscriber (this process) --------------------------------------------
 
 async def bare_subscriber(cache_url: str, topic: str, last: int,
@@ -372,8 +451,19 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 
 async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url: str,
-                    clients: int, reader: str) -> dict[str, Any]:
-    topic = f"bench.{clients}.{reader}.{int(time.time())}"
+                    clients: int, reader: str, target: str) -> dict[str, Any]:
+    """One round: ``clients`` streams of ``target`` (``sse``: the gateway on ``port``;
+    ``fanout``: a bare fan-out process started for the round), the bare subscriber beside."""
+    topic = f"bench.{clients}.{reader}.{target}.{int(time.time())}"
+    if target == "sse":
+        return await _measure(args, port, cache_url, pg_url, clients, reader, topic)
+    fanout_port = embedded.free_port()
+    with bare_fanout(fanout_port, cache_url, topic, args.server_core):
+        return await _measure(args, fanout_port, cache_url, pg_url, clients, reader, topic)
+
+
+async def _measure(args: argparse.Namespace, port: int, cache_url: str, pg_url: str,
+                   clients: int, reader: str, topic: str) -> dict[str, Any]:
     total = args.messages + args.burst
     parent, child = mp.Pipe()
     proc = mp.Process(target=client_process, args=(port, topic, clients, total, reader, child))
@@ -417,6 +507,20 @@ async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url:
     }
 
 
+def round_line(reader: str, clients: int, got: dict[str, dict[str, Any]]) -> str:
+    """One table line: the subscriber floor, the fan-out and SSE latencies, their ratios."""
+    nan = float("nan")
+    fan, sse = got.get("fanout"), got.get("sse")
+    sub99 = next(iter(got.values()))["bare"][1]
+    f50, f99 = fan["sse"] if fan else (nan, nan)
+    s50, s99 = sse["sse"] if sse else (nan, nan)
+    missing = "/".join(str(r["missing"]) for r in got.values())
+    return (f"{reader:>8} {clients:>7} {sub99:>6.2f}ms {f50:>6.2f}ms {f99:>6.2f}ms "
+            f"{s50:>6.2f}ms {s99:>6.2f}ms {s99 / f99:>6.2f}x {s99 / sub99:>6.2f}x "
+            f"{fan['sse_fanout'] if fan else nan:>11.0f} "
+            f"{sse['sse_fanout'] if sse else nan:>11.0f} {missing:>7}")
+
+
 # --- plumbing -------------------------------------------------------------------------------
 
 def pin(pid: int, core: int) -> None:
@@ -456,12 +560,23 @@ def hold_cpu_latency(microseconds: int) -> Any:
 
 
 def raise_fd_limit(needed: int) -> None:
+    """Soft open-file limit up to the hard one (inherited by every process started here:
+    the server and the client process each hold one descriptor per stream)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < needed:
         raise SystemExit(f"bench: ulimit -n is {soft}; need about {needed}")
+
+
+def stream_caps_config(root: Path, clients: int) -> Path:
+    """A GATEWAY_CONFIG that lets every bench stream in: they all come from 127.0.0.1, past
+    the per-client cap (the cap's own tests are in tests/push)."""
+    path = root / "gateway.toml"
+    path.write_text(f"[push]\nmax_streams_per_client = {clients + 16}\n"
+                    f"max_streams = {clients + 16}\n")
+    return path
 
 
 def main() -> int:
@@ -472,6 +587,9 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--readers", default="streams,protocol,kernel",
                         help="SSE readers in the measuring process, each a round per N")
+    parser.add_argument("--targets", default="fanout,sse",
+                        help="what the clients read: fanout (the bare fan-out reference), "
+                             "sse (gateway serve); a round each per reader and N")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--no-pin", action="store_true",
@@ -488,8 +606,11 @@ def main() -> int:
     readers = args.readers.split(",")
     if not set(readers) <= set(READERS):
         parser.error(f"--readers: choose from {', '.join(READERS)}")
+    targets = args.targets.split(",")
+    if not set(targets) <= {"fanout", "sse"}:
+        parser.error("--targets: choose from fanout, sse")
     gc.disable()  # same for the bare subscriber's side (see client_process)
-    raise_fd_limit(max(counts) * 2 + 256)
+    raise_fd_limit(max(counts) + 256)
 
     qos = hold_cpu_latency(args.cpu_latency) if args.cpu_latency >= 0 else None
     root = Path(tempfile.mkdtemp(prefix="gwp-"))
@@ -509,7 +630,8 @@ def main() -> int:
         env = {**os.environ, "GATEWAY_DURABLE_URL": durable.url, "GATEWAY_CACHE_URL": cache.url,
                "GATEWAY_DATABASE_URL": pg.url, "GATEWAY_HOST": "127.0.0.1",
                "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "WARNING",
-               "GATEWAY_ADMIN_TOKEN": BENCH_ADMIN_TOKEN}
+               "GATEWAY_ADMIN_TOKEN": BENCH_ADMIN_TOKEN,
+               "GATEWAY_CONFIG": str(stream_caps_config(root, max(counts)))}
         cmd = [sys.executable, "-m", "gateway.cli", "serve"]
         if shutil.which("taskset") and args.server_core >= 0:
             cmd[:0] = ["taskset", "-c", str(args.server_core)]
@@ -520,19 +642,19 @@ def main() -> int:
                       else "; the machine's own CPU idle policy")
         print(f"{placement}; {os.cpu_count()} cores; "
               f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
-        print(f"{'reader':>8} {'clients':>7} {'bare p50':>9} {'bare p99':>9} {'sse p50':>8} "
-              f"{'sse p99':>8} {'p99 ratio':>9} {'bare msg/s':>10} {'sse deliveries/s':>16} "
-              f"{'missing':>7}")
+        print(f"{'reader':>8} {'clients':>7} {'sub p99':>8} {'fan p50':>8} {'fan p99':>8} "
+              f"{'sse p50':>8} {'sse p99':>8} {'sse/fan':>7} {'sse/sub':>7} "
+              f"{'fan deliv/s':>11} {'sse deliv/s':>11} {'missing':>7}")
         with gateway_server(cmd, env, root / "gateway.log"):
             ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
             for clients, reader in ((c, name) for c in counts for name in readers):
-                r = asyncio.run(run_round(args, port, cache.url, pg.url, clients, reader))
-                (b50, b99), (s50, s99) = r["bare"], r["sse"]
-                print(f"{reader:>8} {clients:>7} {b50:>8.2f}ms {b99:>8.2f}ms {s50:>7.2f}ms "
-                      f"{s99:>7.2f}ms {s99 / b99:>8.2f}x {r['bare_fanout']:>10.0f} "
-                      f"{r['sse_fanout']:>16.0f} {r['missing']:>7}", flush=True)
-                if r["errors"]:
-                    print(f"        {r['errors']} client errors, e.g. {r['error_sample']}")
+                got = {target: asyncio.run(run_round(args, port, cache.url, pg.url, clients,
+                                                     reader, target)) for target in targets}
+                print(round_line(reader, clients, got), flush=True)
+                for target, r in got.items():
+                    if r["errors"]:
+                        print(f"        {target}: {r['errors']} client errors, "
+                              f"e.g. {r['error_sample']}")
     finally:
         embedded.stop_all(servers)
         shutil.rmtree(root, ignore_errors=True)

@@ -31,6 +31,10 @@ from gateway.stores.redis import AnyRedis
 log = logging.getLogger("gateway.push")
 # How often the hub checks every stream for heartbeats due, departed clients, stuck writes.
 HOUSEKEEPING_SECONDS = 1.0
+# The hub writes a row straight to a client's socket only while less than this waits in its
+# send buffer (asyncio's default high-water mark); above it rows wait in the subscriber's
+# bounded buffer and the stream's task writes them, waiting for the socket to drain.
+HIGH_WATER = 64 * 1024
 
 
 class Disconnected(Exception):
@@ -50,11 +54,14 @@ class Subscriber:
     one future rather than an ``asyncio.Queue``: the fan-out calls ``offer`` once per row
     per client, so its cost is the hub's cost.
 
-    The fast path: while the stream's task sits idle in ``take`` with nothing buffered,
-    ``offer`` hands the row to ``direct`` (set by the stream), which writes the shared
-    ``Frame`` to the socket right there in the hub's dispatch, without waking the task.
-    ``direct`` declines (and the row is buffered as before) when the row is not the next
-    one for the stream or the socket's send buffer is above its high-water mark.
+    The fast paths. While the stream's task sits idle in ``take`` with nothing buffered, it
+    first asks ``park`` (set by a single-topic stream) to put it in its topic's lane, where
+    the hub writes each next row's shared frame to the socket in one loop over the lane (see
+    ``_Topic``); when it leaves the lane, ``unpark`` gets the position the lane brought it
+    to. Outside the lane, ``offer`` hands the row to ``direct`` (set by the stream), which
+    writes the ``Frame`` to the socket right there in the hub's dispatch, without waking the
+    task. Both decline (and the row is buffered as before) when the row is not the next one
+    for the stream or the socket's send buffer is above ``HIGH_WATER``.
     """
 
     def __init__(self, topics: tuple[str, ...], max_rows: int) -> None:
@@ -73,8 +80,27 @@ class Subscriber:
         self._beat_due = False
         self._waiter: asyncio.Future[None] | None = None
         self.direct: Callable[[FeedRow, Frame], bool] | None = None
+        self.home: _Topic | None = None  # its topic, when it follows exactly one
+        self.in_lane = False
+        self.park: Callable[[], None] | None = None
+        self.unpark: Callable[[int, int], None] | None = None
+
+    def join_lane(self, transport: asyncio.Transport, epoch: int, offset: int) -> None:
+        """Enter the topic's lane if the stream's position is the lane's (called by
+        ``park`` from ``take``, so only while idle with nothing buffered)."""
+        home = self.home
+        if home is not None and not self._rows and self.closed is None and not self._beat_due:
+            home.join(self, transport, epoch, offset)
+
+    def left_lane(self, epoch: int, offset: int, written_at: float) -> None:
+        self.in_lane = False
+        self.last_write = max(self.last_write, written_at)
+        if self.unpark is not None:
+            self.unpark(epoch, offset)
 
     def _wake(self) -> None:
+        if self.in_lane and self.home is not None:
+            self.home.leave(self)  # the task takes over from here, at the lane's position
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -124,14 +150,20 @@ class Subscriber:
             if self._beat_due:
                 self._beat_due = False
                 return []
+            if self.park is not None:
+                self.park()
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+                if self.in_lane and self.home is not None:  # cancelled while in the lane
+                    self.home.leave(self)
 
     def housekeep(self, now: float, heartbeat: float, write_timeout: float) -> None:
         transport = self.transport
+        if self.in_lane and self.home is not None:
+            self.last_write = max(self.last_write, self.home.lane_at)
         if self.closed is not None:
             if transport is not None and now - self.closed_at > write_timeout:
                 transport.abort()  # its writer is stuck on a client that does not read
@@ -148,6 +180,19 @@ class Subscriber:
 
 @dataclass
 class _Topic:
+    """One topic's subscribers, split into the lane and the rest (``outside``).
+
+    The lane holds idle single-topic streams whose position is the last row fanned out for
+    the topic (``lane_epoch``, ``lane_offset``). The next row (exactly one further, same
+    epoch) is written to every lane member's transport in one tight loop, the same encoded
+    chunk for all, with no call into the subscriber or the stream: what a bare fan-out costs,
+    plus a closing and a send-buffer check. A member whose socket is closing or above
+    ``HIGH_WATER`` leaves before the row (so at the position before it) and gets the row
+    through ``offer`` like every subscriber outside; any other row empties the lane first.
+    Members leave, at the lane's position, whenever their task must run (a heartbeat, a
+    close, a cancellation).
+    """
+
     name: str
     epoch: int = 1
     head: int | None = None  # None until the first read after the subscription
@@ -155,6 +200,70 @@ class _Topic:
     dirty: bool = False
     task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    lane: dict[Subscriber, asyncio.Transport] = field(default_factory=dict)
+    outside: set[Subscriber] = field(default_factory=set)
+    lane_epoch: int = 0
+    lane_offset: int = -1  # no row known yet: nobody can join
+    lane_at: float = 0.0  # when the lane last wrote (its members' last write)
+
+    def add(self, sub: Subscriber) -> None:
+        self.subscribers.add(sub)
+        self.outside.add(sub)
+
+    def discard(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self.outside.discard(sub)
+        if self.lane.pop(sub, None) is not None:
+            sub.in_lane = False
+
+    def join(self, sub: Subscriber, transport: asyncio.Transport, epoch: int,
+             offset: int) -> None:
+        if (epoch == self.lane_epoch and offset == self.lane_offset and sub in self.outside
+                and not transport.is_closing()):
+            self.outside.discard(sub)
+            self.lane[sub] = transport
+            sub.in_lane = True
+
+    def leave(self, sub: Subscriber) -> None:
+        if self.lane.pop(sub, None) is not None:
+            self.outside.add(sub)
+            sub.left_lane(self.lane_epoch, self.lane_offset, self.lane_at)
+
+    def moved(self, epoch: int, offset: int) -> None:
+        """The hub's position changed without a fan-out (its first head read)."""
+        for sub in list(self.lane):
+            self.leave(sub)
+        self.lane_epoch, self.lane_offset = epoch, offset
+
+    def fanout(self, row: FeedRow) -> None:
+        """Offer ``row`` to every subscriber of the topic, sharing one encoding of it."""
+        frame = Frame(row)
+        written = 0
+        if self.lane:
+            if row.epoch == self.lane_epoch and row.offset == self.lane_offset + 1:
+                written = self._write_lane(frame.chunked)
+            else:
+                for sub in list(self.lane):
+                    self.leave(sub)
+        self.lane_epoch, self.lane_offset = row.epoch, row.offset
+        for sub in list(self.outside):
+            written += sub.offer(row, frame)
+        if written:
+            metrics.ROWS_SENT.inc(written)  # once per row, not per client
+
+    def _write_lane(self, data: bytes) -> int:
+        behind = None
+        high_water = HIGH_WATER
+        for sub, transport in self.lane.items():
+            if transport.is_closing() or transport.get_write_buffer_size() > high_water:
+                behind = behind or []
+                behind.append(sub)
+                continue
+            transport.write(data)
+        self.lane_at = time.monotonic()
+        for sub in behind or ():
+            self.leave(sub)  # before the lane moves on: it has not had this row
+        return len(self.lane)
 
 
 class Hub:
@@ -180,7 +289,9 @@ class Hub:
             if state is None:
                 state = self.topics[name] = _Topic(name)
                 fresh.append(state)
-            state.subscribers.add(sub)
+            state.add(sub)
+            if len(names) == 1:
+                sub.home = state
         if fresh:
             await asyncio.gather(*(self.listener.add(s.name, self.config.subscribe_timeout_seconds)
                                    for s in fresh))
@@ -197,7 +308,7 @@ class Hub:
             state = self.topics.get(name)
             if state is None:
                 continue
-            state.subscribers.discard(sub)
+            state.discard(sub)
             if not state.subscribers:
                 del self.topics[name]
                 if state.task is not None:
@@ -243,7 +354,7 @@ class Hub:
         if (row.topic, row.offset, row.epoch) != (state.name, body["offset"], state.epoch):
             return False
         state.head = row.offset
-        _fanout(state, row)
+        state.fanout(row)
         return True
 
     def _on_state(self, up: bool) -> None:
@@ -269,6 +380,7 @@ class Hub:
                 if state.head is None:
                     head = (await feed.heads(self.pool, [state.name]))[state.name]
                     state.epoch, state.head = head.epoch, head.last_offset
+                    state.moved(head.epoch, head.last_offset)
                     state.ready.set()
                     continue
                 page = await feed.read_page(self.pool, state.name, state.head,
@@ -277,7 +389,7 @@ class Hub:
                     state.epoch, state.head, state.dirty = page.epoch, 0, True
                     continue
                 for row in page.rows:
-                    _fanout(state, row)
+                    state.fanout(row)
                     state.head = row.offset
                 if len(page.rows) == self.config.page_rows:
                     state.dirty = True
@@ -344,16 +456,6 @@ class Hub:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _fanout(state: _Topic, row: FeedRow) -> None:
-    """Offer ``row`` to every subscriber of its topic, sharing one encoding of it."""
-    frame = Frame(row)
-    written = 0
-    for sub in list(state.subscribers):
-        written += sub.offer(row, frame)
-    if written:
-        metrics.ROWS_SENT.inc(written)  # once per row, not per client
 
 
 async def _first_of(timeout: float, *coros: Any) -> None:

@@ -24,6 +24,7 @@ from aiohttp.http import HttpVersion11
 
 from gateway.api.errors import ApiError
 from gateway.push import feed, metrics
+from gateway.push import hub as hub_module
 from gateway.push.frames import Frame, event_text
 from gateway.push.frames import chunk as chunk_frame
 from gateway.push.hub import Disconnected, Hub, Subscriber
@@ -38,11 +39,6 @@ from gateway.push.protocol import (
 from gateway.push.settings import PushSettings
 
 log = logging.getLogger("gateway.push")
-
-# The hub writes straight to a client's socket only while less than this is waiting in its
-# send buffer (asyncio's default high-water mark); above it rows wait in the subscriber's
-# bounded buffer and the stream's task writes them, waiting for the socket to drain.
-DIRECT_HIGH_WATER = 64 * 1024
 
 
 def parse_topics(text: str | None, limit: int) -> tuple[str, ...]:
@@ -127,7 +123,7 @@ class _Stream:
         transport = self.transport
         if (pos is None or row.epoch != pos.epoch or row.offset != pos.offset + 1
                 or transport is None or transport.is_closing()
-                or transport.get_write_buffer_size() > DIRECT_HIGH_WATER):
+                or transport.get_write_buffer_size() > hub_module.HIGH_WATER):
             return False
         pos.offset = row.offset
         if len(self.positions) == 1:  # the id is "<topic>:<offset>": the shared bytes
@@ -139,6 +135,19 @@ class _Stream:
         transport.write(data)
         self.sub.last_write = time.monotonic()
         return True
+
+    def park(self) -> None:
+        """Called by the subscriber when the task goes idle: a single-topic chunked stream
+        joins its topic's lane, if its position is the lane's."""
+        transport = self.transport
+        if transport is not None and self.response.chunked and len(self.positions) == 1:
+            ((pos),) = self.positions.values()
+            self.sub.join_lane(transport, pos.epoch, pos.offset)
+
+    def unpark(self, epoch: int, offset: int) -> None:
+        """Back from the lane, which wrote every row up to ``offset``."""
+        ((pos),) = self.positions.values()
+        pos.epoch, pos.offset = epoch, offset
 
     async def replay(self, topics: tuple[str, ...]) -> None:
         """Send every row after the current positions of ``topics``, straight from the feed."""
@@ -198,6 +207,7 @@ class _Stream:
         self.transport = self.request.transport
         await self.write(": connected\n\n")
         self.sub.direct = self.direct
+        self.sub.park, self.sub.unpark = self.park, self.unpark
         await self.replay(self.sub.topics)
         while True:
             rows = await self.sub.take()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.push import feed, sse
+from gateway.push import feed, hub
 from gateway.push.client import PushClient
 from gateway.push.retention import reset, trim
 from gateway.stores.runtime import Runtime, open_runtime
@@ -109,7 +109,7 @@ async def test_restarting_redis_cache_mid_stream_loses_nothing(
 async def test_reconnect_after_the_server_drops_a_slow_client(
         runtime: Runtime, push_server: Any, push_clients: Callable[..., Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", -1)  # every socket counts as backed up
+    monkeypatch.setattr(hub, "HIGH_WATER", -1)  # every socket counts as backed up
     server = await push_server(client_buffer_rows=3)
     client = await push_clients(base_url(server), ["pipeline"], poll_seconds=5)
     await client.wait_connected()

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.push import feed, sse
+from gateway.push import feed, hub
 from gateway.push.client import SseEvent, iter_sse
 from gateway.stores.runtime import Runtime
 from tests.helpers import wait_until
@@ -142,7 +142,7 @@ async def test_too_slow_client_is_disconnected_with_a_reason(
         runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A client that does not keep up: its socket counts as above the high-water mark, so the
     # hub buffers rows for it instead of writing them straight away.
-    monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", -1)
+    monkeypatch.setattr(hub, "HIGH_WATER", -1)
     closed_before = REGISTRY.get_sample_value(
         "gateway_push_streams_closed_total", {"reason": "too_slow"}) or 0
     client = await push_server(client_buffer_rows=3)
@@ -274,6 +274,36 @@ async def test_a_burst_larger_than_the_buffer_reaches_a_client_that_keeps_up(
     resp.close()
 
 
+async def test_idle_streams_share_the_topics_lane_and_leave_it_for_a_reset(
+        runtime: Runtime, push_server: Any) -> None:
+    """Idle single-topic streams wait in the topic's lane, where the hub writes each next
+    row to all of them in one loop: every row reaches each once, in order, and they stay in
+    the lane. A stream on two topics stays outside and gets the same rows. A reset (a new
+    epoch) empties the lane; the streams then replay the new epoch and come back."""
+    from gateway.push.retention import reset
+
+    client = await push_server()
+    streams = [await client.get("/v1/stream", params={"topics": "pipeline"}) for _ in range(4)]
+    double = await client.get("/v1/stream", params={"topics": "pipeline,conversation:a"})
+    state = hub_of(client).topics["pipeline"]
+    await wait_until(lambda: len(state.lane) == 4, message="4 streams in the lane")
+    assert len(state.outside) == 1
+    await _burst(runtime, "pipeline", 12)
+    expected = list(range(1, 13))
+    for resp in [*streams, double]:
+        assert [json.loads(e.data)["offset"] for e in await _events(resp, 12)] == expected
+    assert len(state.lane) == 4 and state.lane_offset == 12
+    assert await reset(runtime.pg, runtime.cache, "pipeline") == 2
+    await _append(runtime, "pipeline", 2)
+    for resp in [*streams, double]:
+        assert [(json.loads(e.data)["epoch"], json.loads(e.data)["offset"])
+                for e in await _events(resp, 2)] == [(2, 1), (2, 2)]
+    await wait_until(lambda: len(state.lane) == 4, message="back in the lane")
+    assert (state.lane_epoch, state.lane_offset) == (2, 2)
+    for resp in [*streams, double]:
+        resp.close()
+
+
 async def test_rows_stay_in_order_when_a_stream_switches_between_direct_and_buffered(
         runtime: Runtime, push_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two streams (one on two topics, so it builds its own events); the socket "backs up"
@@ -283,8 +313,8 @@ async def test_rows_stay_in_order_when_a_stream_switches_between_direct_and_buff
     single = await client.get("/v1/stream", params={"topics": "pipeline"})
     double = await client.get("/v1/stream", params={"topics": "pipeline,conversation:a"})
     expected: list[int] = []
-    for high_water in (sse.DIRECT_HIGH_WATER, -1, sse.DIRECT_HIGH_WATER, -1):
-        monkeypatch.setattr(sse, "DIRECT_HIGH_WATER", high_water)
+    for high_water in (hub.HIGH_WATER, -1, hub.HIGH_WATER, -1):
+        monkeypatch.setattr(hub, "HIGH_WATER", high_water)
         expected += await _append(runtime, "pipeline", 5)
     got_single = await _events(single, len(expected))
     got_double = await _events(double, len(expected))
