@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--telegram-polling", action="store_true",
                    help="take Telegram updates by long polling instead of the webhook")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="N serve processes sharing the port (SO_REUSEPORT), each with its "
+                        "own hub, under one supervisor (default 1)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind with SO_REUSEPORT, so other processes may listen on the port too")
 
     p = sub.add_parser("worker", help="pipeline workers")
     p.add_argument("--stages", type=_stages, default=list(STAGES),

@@ -3,7 +3,8 @@ until SIGINT/SIGTERM, then a graceful stop: ``/readyz`` answers 503 from that in
 balancer polling on a kept-alive connection stops sending), the listening socket closes, SSE
 streams end with ``gateway.disconnect`` (reason ``shutdown``), requests in flight finish
 (at most ``SHUTDOWN_SECONDS``), the inbox consumers finish the entry in hand and give their
-chats back, background services stop, connections close."""
+chats back, background services stop, connections close. ``--processes N`` runs N of
+them on one port under ``gateway.app.supervisor``."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ SHUTDOWN_SECONDS = 10.0
 
 async def run(settings: Settings, *, services: Sequence[Service] = (),
               stop: asyncio.Event | None = None,
-              on_ready: Callable[[str], None] | None = None) -> int:
+              on_ready: Callable[[str], None] | None = None,
+              reuse_port: bool = False) -> int:
     stop = stop or asyncio.Event()
     install_stop_signals(stop)
     if not await preflight(settings):
@@ -48,7 +50,8 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
     tasks: list[asyncio.Task[None]] = []
     try:
         await runner.setup()
-        site = connections.gated_site(runner, app, settings)
+        # reuse_port: several processes listen on the port, the kernel spreads connections.
+        site = connections.gated_site(runner, app, settings, reuse_port=reuse_port or None)
         await site.start()
         url = f"http://{settings.host}:{_bound_port(runner, settings.port)}"
         log.info("serving on %s", url)
@@ -96,4 +99,11 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     if args.port is not None:
         changes["port"] = args.port
     settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
-    return asyncio.run(run(settings, services=[reclaim_service()]))
+    if args.processes < 1:
+        raise SystemExit("gateway serve: --processes must be >= 1")
+    if args.processes > 1:
+        from gateway.app import supervisor
+        return supervisor.run(settings.host, settings.port, args.processes,
+                              telegram_polling=settings.telegram_polling)
+    return asyncio.run(run(settings, services=[reclaim_service()],
+                           reuse_port=args.reuse_port))
