@@ -102,6 +102,19 @@ async def read_body(request: web.Request) -> bytes:
     return b"".join(chunks)
 
 
+async def admitted_or_known(inbound: Inbound, cls: str, claim_key: str | None) -> bool:
+    """Admission for ``cls``; while it is closed, a delivery already taken in (its claim is
+    there) is still known: False then, and the caller answers it ``duplicate``, so a sender
+    stops retrying what is safe. Anything else refused is the 503 of admission."""
+    try:
+        await inbound.admission.admit(cls)
+    except ApiError:
+        if claim_key is not None and int(await inbound.auto.execute("EXISTS", claim_key)):
+            return False
+        raise
+    return True
+
+
 def intake_answer(outcome: Intake, item_id: str) -> web.Response:
     """202 ``{"status": "accepted", "item_id"}`` or 200 ``{"status": "duplicate", ...}``,
     encoded without building a dict per request (this is the hot path of the ingest bench)."""

@@ -36,6 +36,7 @@ from gateway.inbound.documents import parse_json_text, webhook_payload
 from gateway.inbound.http_intake import (
     INBOUND,
     Inbound,
+    admitted_or_known,
     install,
     intake_answer,
     read_body,
@@ -95,16 +96,17 @@ async def receive(request: web.Request) -> web.Response:
     policy = guard.policies[verified.source]
     if policy.fields:
         policy.check_fresh(request.headers.get("X-GitHub-Event"), verified.value, time.time())
-    await inbound.admission.admit("webhooks")
+    item_id = item_id_for(verified.source, verified.delivery_id)
+    claim_key = keys.dedup_webhook(verified.source, verified.delivery_id)
+    if not await admitted_or_known(inbound, "webhooks", claim_key):
+        return intake_answer(Intake.DUPLICATE, item_id)
     if policy.window:
         first = await guard.first_delivery(verified.source, verified.body,
                                            verified.delivery_id, policy.window)
         if first != verified.delivery_id:  # the same signed body under a fresh delivery id
             return intake_answer(Intake.DUPLICATE, item_id_for(verified.source, first))
-    item_id = item_id_for(verified.source, verified.delivery_id)
-    outcome = await inbound.intaker.submit(
-        keys.dedup_webhook(verified.source, verified.delivery_id), item_id, verified.payload,
-        quota=inbound.quotas.for_source(verified.source))
+    outcome = await inbound.intaker.submit(claim_key, item_id, verified.payload,
+                                           quota=inbound.quotas.for_source(verified.source))
     return intake_answer(outcome, item_id)
 
 

@@ -13,12 +13,13 @@ from redis.exceptions import OutOfMemoryError
 
 from gateway import keys
 from gateway.inbound import signing
+from gateway.inbound.http_intake import INBOUND
 from gateway.pipeline.status import ready_items
 from gateway.security.brute import block_key, fail_key
 from gateway.stores import redis as redis_clients
 from gateway.stores.runtime import Runtime
 from gateway.web.app import create_app
-from tests.helpers import registry_violations
+from tests.helpers import registry_violations, wait_until
 from tests.inbound.webhook_helpers import body_of, standard
 
 
@@ -33,6 +34,14 @@ async def own_durable(runtime: Runtime, redis_factory: Callable[..., Any]
         yield server, Runtime(settings, durable, runtime.cache, runtime.pg)
     finally:
         await durable.aclose()
+
+
+async def _closed(admission: Any) -> bool:
+    return "webhooks" in (await admission.state())["closed"]
+
+
+async def _open(admission: Any) -> bool:
+    return not await _closed(admission)
 
 
 async def fill_until_oom(redis: Any) -> int:
@@ -75,11 +84,15 @@ async def test_maxmemory_is_503_and_keeps_what_was_accepted(
     assert await rt.durable.exists(keys.dedup_job("oom-job")) == 0
     assert set(await ready_items(rt.durable, "store")) == {
         f"webhook:demo:{m}" for m in accepted}
-    # A duplicate of an accepted delivery is still answered while the store is full.
+    # A duplicate of an accepted delivery is still answered while the store is full, also
+    # once admission has seen it full and closed to webhooks.
+    admission = client.server.app[INBOUND].admission
+    await wait_until(lambda: _closed(admission), timeout=10, message="admission closes")
     assert (await post(client, "before-1")).status == 200
 
     await rt.durable.delete(*(f"filler:{i}" for i in range(filler)))
-    retry = await post(client, "during-oom")
+    await wait_until(lambda: _open(admission), timeout=10, message="admission opens")
+    retry = await post(client, "during-oom")  # the sender's retry, after Retry-After
     assert retry.status == 202
     assert len(await ready_items(rt.durable, "store")) == len(accepted) + 1
 
