@@ -11,10 +11,10 @@ import base64
 import binascii
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 REDIS_SCHEMES = (
@@ -346,6 +346,15 @@ def field_types(cls: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """A dataclass's fields as the ``types`` of ``positive_numbers``: for the TOML tables
     whose keys are exactly a settings class's field names."""
     return {spec.name: spec.type for spec in fields(cls) if spec.name not in exclude}
+
+
+T = TypeVar("T")
+
+
+def tunables(cls: Callable[..., T], settings: Settings, table: str) -> T:
+    """A settings dataclass from the TOML table ``[table]`` whose keys are exactly its
+    fields, all positive numbers (absent ones keep their defaults)."""
+    return cls(**positive_numbers(settings.section(table), field_types(cls), f"[{table}]"))
 
 
 def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],

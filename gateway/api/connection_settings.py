@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.config import Settings, field_types, positive_numbers
+from gateway.config import Settings, tunables
 
 
 @dataclass(frozen=True)
@@ -24,9 +23,7 @@ class ConnectionSettings:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionSettings:
-        values: dict[str, Any] = positive_numbers(settings.section("connections"),
-                                                  field_types(cls), "[connections]")
-        return cls(**values)
+        return tunables(cls, settings, "connections")
 
     def caps(self) -> tuple[int, int]:
         """(max, hard limit) in effect."""

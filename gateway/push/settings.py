@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.config import Settings, field_types, positive_numbers
+from gateway.config import Settings, tunables
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,4 @@ class PushSettings:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PushSettings:
-        values: dict[str, Any] = positive_numbers(settings.section("push"), field_types(cls),
-                                                  "[push]")
-        return cls(**values)
+        return tunables(cls, settings, "push")
