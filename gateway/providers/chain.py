@@ -63,7 +63,10 @@ class Chain:
 
     async def embeddings(self, model: str, inputs: Sequence[str], *,
                          charge: Charge = NOBODY) -> Embeddings:
-        """One vector per input, from the first provider that answers."""
+        """One vector per input, from the first provider that answers (none for no input,
+        without a call)."""
+        if not inputs:
+            return Embeddings([], Usage(0), "")
         estimate = sum(estimate_tokens(text) for text in inputs)
         return await self._first("embeddings", model, estimate, charge,
                                  lambda client: client.embeddings(model, inputs))

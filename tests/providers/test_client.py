@@ -21,6 +21,8 @@ async def test_embeddings_are_the_fakes_vectors_in_input_order(
     [call] = fake_openai.calls_to("embeddings")
     assert call.params == {"model": "embed-small", "input": texts}
     assert call.token == OPENAI_KEY
+    assert (await chain.embeddings("embed-small", [])).vectors == []  # no call for nothing
+    assert len(fake_openai.calls_to("embeddings")) == 1
 
 
 async def test_chat_returns_the_reply_and_its_usage(
