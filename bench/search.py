@@ -12,7 +12,8 @@
   in chunks per second, against the local model called directly on the same chunks.
 
     python bench/search.py [--sizes 10000,100000] [--queries 200] [--scan-queries 20]
-                           [--documents 1000] [--concurrency 2]
+                           [--documents 1000] [--per-doc 4] [--concurrency 8] [--batch 64]
+                           [--rounds 3]   (--sizes "": the embed stage only)
 """
 
 from __future__ import annotations
@@ -222,15 +223,15 @@ async def measure(hnsw: Runtime, scan: Runtime, args: argparse.Namespace) -> Non
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x],
                         default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--scan-queries", type=int, default=20)
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--per-doc", type=int, default=4, help="chunks per document")
-    parser.add_argument("--concurrency", type=int, default=4, help="embed loops")
+    parser.add_argument("--concurrency", type=int, default=8, help="embed loops")
     parser.add_argument("--rounds", type=int, default=3, help="embed: runs of each")
-    parser.add_argument("--batch", type=int, default=8, help="embed: items per transaction")
+    parser.add_argument("--batch", type=int, default=64, help="embed: items per transaction")
     run_in_tempdir(run, parser.parse_args())
     return 0
 
