@@ -183,9 +183,12 @@ class ConversationService:
         # Everything below runs on the connection this message already holds: asking the
         # pool for a second one could wait forever once every connection is a waiting chat.
         shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
-        edit = isinstance(send, live.LiveReply) and send.editing  # the last edit of a stream
-        delivered = await deliver(conn, self.limiter,
-                                  limit_names(incoming, self.limits, edit=edit),
+        limits = limit_names(incoming, self.limits)
+        if isinstance(send, live.LiveReply) and send.editing:  # the last edit of a stream
+            # ... or no platform call at all, when the message shows the whole text already.
+            limits = [] if send.showing == shown else limit_names(incoming, self.limits,
+                                                                  edit=True)
+        delivered = await deliver(conn, self.limiter, limits,
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
         await store.settle(conn, conversation_id, seq)

@@ -80,6 +80,10 @@ class FencedLive:
     def editing(self) -> bool:
         return self.ref is not None
 
+    @property
+    def showing(self) -> str | None:
+        return self.shown
+
     async def typing(self) -> None:
         await self.platform.typing()  # cosmetic: no fence needed
 

@@ -65,6 +65,10 @@ class LiveReply(Protocol):
     def editing(self) -> bool:
         """A message shows the reply already: delivering it is an edit of that message."""
         ...
+    @property
+    def showing(self) -> str | None:
+        """The text that message shows, as far as this process knows."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -81,10 +85,19 @@ class Pace:
     typing_every: float = 4.0
     max_chars: int = 4096
 
-    async def admit(self) -> None:
+    async def admit(self, unless: asyncio.Event) -> bool:
+        """Wait until an edit may go; False (nothing taken from a bucket still waited for)
+        as soon as ``unless`` is set: the stream ended, and the last edit is the delivery's,
+        which must not find the bucket spent on an edit that will not be made."""
         for name, rate in self.limits:
-            await self.limiter.acquire(name, rate=rate.rate, period=rate.period,
-                                       burst=rate.burst)
+            while wait := await self.limiter.try_acquire(name, rate=rate.rate,
+                                                         period=rate.period, burst=rate.burst):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await unless.wait()
+                if unless.is_set():
+                    return False
+        return True
 
     async def try_admit_typing(self) -> bool:
         for name, rate in self.typing_limits:
@@ -188,8 +201,8 @@ async def _edit_while_written(written: _Written, live: LiveReply, pace: Pace) ->
         await written.wait(written.done, not_before - loop.time())
         if written.done.is_set():
             break
-        await pace.admit()  # the reader goes on meanwhile: the edit shows all written so far
-        if written.done.is_set():
+        # The reader goes on meanwhile, so the edit shows all written until it is admitted.
+        if not await pace.admit(written.done):
             break
         text = fit(written.text, pace.max_chars)
         not_before = loop.time() + pace.interval
