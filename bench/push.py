@@ -1,21 +1,31 @@
-"""Push benchmark: feed commit → receipt by N SSE clients of one ``gateway serve``
-process, side by side with a bare redis-py subscriber of the same ``PUBLISH`` (the floor).
+"""Push benchmark: feed commit → receipt by N SSE clients of ``gateway serve``, side by side
+with two references on the same machine in the same invocation: a bare redis-py subscriber of
+the same ``PUBLISH`` (the floor of one receiver), and a bare fan-out (one Python process on
+the same event loop, the same subscriber, each row's SSE frame encoded once and written to
+the N sockets in one loop: the floor of any one-process fan-out, what ``sse/fan`` divides by).
 
-Layout on a 2-core machine: the gateway server alone on ``--server-core``; the stores, the
-writer + bare subscriber process and the SSE client process on ``--load-core``. Times are
-``time.perf_counter()`` (CLOCK_MONOTONIC, the same clock in every process of the host): the
-writer stamps each row right after its transaction commits, before the PUBLISH; receivers
-stamp it when the bytes arrive — in the reading process (readers ``streams``, ``protocol``,
-against a redis-py subscriber), or in the kernel as the bytes reach the socket (reader
-``kernel``, against a plain-socket subscriber stamped the same way).
+Layout on a 2-core machine: the gateway server (or the bare fan-out) alone on
+``--server-core``; the stores, the writer + bare subscriber process and the SSE client process
+on ``--load-core``. Times are ``time.perf_counter()`` (CLOCK_MONOTONIC, the same clock in
+every process of the host): the writer stamps each row right after its transaction commits,
+before the PUBLISH; receivers stamp it when the bytes arrive — in the reading process
+(readers ``streams``, ``protocol``, against a redis-py subscriber), or in the kernel as the
+bytes reach the socket (reader ``kernel``, against a plain-socket subscriber stamped the same
+way).
 
-For each N in ``--clients`` (default 1,100,1000):
+For each N in ``--clients`` (default 1,100,1000) and each reader, the fan-out round, then one
+SSE round per value of ``--processes`` (``gateway serve --processes P``; more than one lets
+the scheduler place every process):
   * latency: ``--messages`` rows at ``--rate`` rows/s; p50/p99 over every (client, row);
   * fan-out: a burst of ``--burst`` rows written back to back; deliveries per second from the
-    first commit to the last receipt (SSE: N * burst deliveries; bare: burst).
+    first commit to the last receipt (N * burst deliveries).
+``--idle N`` first measures memory per idle stream: the serve processes' RSS before and after
+N idle streams. The open-file limit is raised to the hard limit (every process started here
+inherits it).
 
     python bench/push.py [--clients 1,100,1000] [--messages 200] [--rate 50] [--burst 200]
-                         [--readers streams,protocol,kernel] [--cpu-latency 0|-1]
+                         [--readers streams,protocol,kernel] [--targets fanout,sse]
+                         [--processes 1[,2]] [--idle N] [--cpu-latency 0|-1]
 
 Idle cores: by default (as root) the run holds a CPU wake-up latency limit of 0 µs
 (``--cpu-latency``), so no core halts while idle. On this machine's VMs a halted core costs a
@@ -353,7 +363,7 @@ def bare_fanout(port: int, cache_url: str, topic: str, core: int) -> Iterator[No
     parent, child = mp.Pipe()
     proc = mp.Process(target=fanout_process, args=(port, cache_url, topic, child))
     proc.start()
-    pin(proc.pid, core)
+    pin(cast(int, proc.pid), core)
     try:
         if not parent.poll(30) or parent.recv() != "ready":
             raise SystemExit("bench: the bare fan-out process did not start")
@@ -507,18 +517,97 @@ async def _measure(args: argparse.Namespace, port: int, cache_url: str, pg_url: 
     }
 
 
-def round_line(reader: str, clients: int, got: dict[str, dict[str, Any]]) -> str:
+def round_line(reader: str, clients: int, processes: int, fan: dict[str, Any] | None,
+               sse: dict[str, Any] | None) -> str:
     """One table line: the subscriber floor, the fan-out and SSE latencies, their ratios."""
     nan = float("nan")
-    fan, sse = got.get("fanout"), got.get("sse")
-    sub99 = next(iter(got.values()))["bare"][1]
-    f50, f99 = fan["sse"] if fan else (nan, nan)
+    sub99 = (sse or fan or {"bare": (nan, nan)})["bare"][1]
+    f99 = fan["sse"][1] if fan else nan
     s50, s99 = sse["sse"] if sse else (nan, nan)
-    missing = "/".join(str(r["missing"]) for r in got.values())
-    return (f"{reader:>8} {clients:>7} {sub99:>6.2f}ms {f50:>6.2f}ms {f99:>6.2f}ms "
+    missing = "/".join(str(r["missing"]) for r in (fan, sse) if r is not None)
+    return (f"{reader:>8} {clients:>7} {processes or '-':>5} {sub99:>6.2f}ms {f99:>6.2f}ms "
             f"{s50:>6.2f}ms {s99:>6.2f}ms {s99 / f99:>6.2f}x {s99 / sub99:>6.2f}x "
             f"{fan['sse_fanout'] if fan else nan:>11.0f} "
             f"{sse['sse_fanout'] if sse else nan:>11.0f} {missing:>7}")
+
+
+def report_errors(what: str, result: dict[str, Any]) -> None:
+    if result["errors"]:
+        print(f"        {what}: {result['errors']} client errors, e.g. {result['error_sample']}")
+
+
+# --- memory per idle stream -------------------------------------------------------------------
+
+def serve_command(args: argparse.Namespace, processes: int) -> list[str]:
+    cmd = [sys.executable, "-m", "gateway.cli", "serve"]
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
+    if shutil.which("taskset") and args.server_core >= 0:
+        cmd[:0] = ["taskset", "-c", str(args.server_core)]
+    return cmd
+
+
+def serve_pids(pid: int, processes: int) -> list[int]:
+    """The processes that hold the streams: the serve itself, or the supervisor's children
+    (waited for: they start after it)."""
+    if processes == 1:
+        return [pid]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = [int(c) for c in
+                    Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        if len(children) == processes:
+            return children
+        time.sleep(0.1)
+    raise SystemExit(f"bench: the supervisor did not start {processes} serve processes")
+
+
+def rss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
+
+
+def socket_kib() -> int:
+    """Kernel memory of every TCP socket of the machine (/proc/net/sockstat, in pages)."""
+    for line in Path("/proc/net/sockstat").read_text().splitlines():
+        if line.startswith("TCP:"):
+            fields = line.split()
+            return int(fields[fields.index("mem") + 1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    return 0
+
+
+def measure_idle(args: argparse.Namespace, port: int, clients: int,
+                 pids: list[int]) -> tuple[int, int, int, int]:
+    """(RSS before, RSS after, kernel socket memory before, after) in KiB around ``clients``
+    idle streams of one topic (the kernel reader, nothing written), after a settling second
+    with the streams open."""
+    time.sleep(2.0)  # the serve's own start-up allocations settle
+    rss_before, sock_before = rss_kib(pids), socket_kib()
+    parent, child = mp.Pipe()
+    proc = mp.Process(target=client_process,
+                      args=(port, f"idle.{int(time.time())}", clients, 1, "kernel", child))
+    proc.start()
+    pin(cast(int, proc.pid), args.load_core)
+    try:
+        if not parent.poll(300) or parent.recv() != "ready":
+            raise SystemExit("bench: the idle streams did not all connect")
+        time.sleep(2.0)  # heartbeats and housekeeping have run over every stream
+        return rss_before, rss_kib(pids), sock_before, socket_kib()
+    finally:
+        proc.terminate()
+        proc.join(30)
+
+
+def idle_line(processes: int, clients: int, figures: tuple[int, int, int, int]) -> str:
+    rss_before, rss_after, sock_before, sock_after = figures
+    per = (rss_after - rss_before) / clients
+    return (f"idle streams: {clients} on {processes} serve process(es): RSS {rss_before} -> "
+            f"{rss_after} KiB, {per:.1f} KiB per stream (target <= 20); kernel TCP memory "
+            f"+{(sock_after - sock_before) / clients:.1f} KiB per connection (both ends)")
 
 
 # --- plumbing -------------------------------------------------------------------------------
@@ -529,12 +618,13 @@ def pin(pid: int, core: int) -> None:
 
 
 @contextlib.contextmanager
-def gateway_server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[None]:
+def gateway_server(cmd: list[str], env: dict[str, str],
+                   log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``gateway serve`` for the length of the block; its output goes to ``log``."""
     with log.open("wb") as out:
         server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        yield
+        yield server
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -572,10 +662,11 @@ def raise_fd_limit(needed: int) -> None:
 
 def stream_caps_config(root: Path, clients: int) -> Path:
     """A GATEWAY_CONFIG that lets every bench stream in: they all come from 127.0.0.1, past
-    the per-client cap (the cap's own tests are in tests/push)."""
+    the per-client stream and connection caps (their own tests are in tests/push, tests/web)."""
     path = root / "gateway.toml"
     path.write_text(f"[push]\nmax_streams_per_client = {clients + 16}\n"
-                    f"max_streams = {clients + 16}\n")
+                    f"max_streams = {clients + 16}\n"
+                    f"[connections]\nper_ip = {clients + 64}\nmax = {clients + 256}\n")
     return path
 
 
@@ -590,6 +681,12 @@ def main() -> int:
     parser.add_argument("--targets", default="fanout,sse",
                         help="what the clients read: fanout (the bare fan-out reference), "
                              "sse (gateway serve); a round each per reader and N")
+    parser.add_argument("--processes", default="1",
+                        help="serve processes for the SSE rounds (gateway serve --processes), "
+                             "a round each; more than one implies --no-pin")
+    parser.add_argument("--idle", type=int, default=0, metavar="N",
+                        help="first measure memory per idle stream: RSS of the serve "
+                             "process(es) before and after N idle streams, for each --processes")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--no-pin", action="store_true",
@@ -600,9 +697,12 @@ def main() -> int:
                              "halting, for every process alike; skipped when not root); "
                              "-1: leave the machine's idle policy alone")
     args = parser.parse_args()
+    process_counts = [int(n) for n in args.processes.split(",")]
+    if max(process_counts) > 1:
+        args.no_pin = True  # two serve processes pinned to one core would share it
     if args.no_pin:
         args.server_core = args.load_core = -1
-    counts = [int(c) for c in args.clients.split(",")]
+    counts = [int(c) for c in args.clients.split(",") if c]
     readers = args.readers.split(",")
     if not set(readers) <= set(READERS):
         parser.error(f"--readers: choose from {', '.join(READERS)}")
@@ -610,7 +710,7 @@ def main() -> int:
     if not set(targets) <= {"fanout", "sse"}:
         parser.error("--targets: choose from fanout, sse")
     gc.disable()  # same for the bare subscriber's side (see client_process)
-    raise_fd_limit(max(counts) + 256)
+    raise_fd_limit(max([*counts, args.idle]) + 256)
 
     qos = hold_cpu_latency(args.cpu_latency) if args.cpu_latency >= 0 else None
     root = Path(tempfile.mkdtemp(prefix="gwp-"))
@@ -631,10 +731,7 @@ def main() -> int:
                "GATEWAY_DATABASE_URL": pg.url, "GATEWAY_HOST": "127.0.0.1",
                "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "WARNING",
                "GATEWAY_ADMIN_TOKEN": BENCH_ADMIN_TOKEN,
-               "GATEWAY_CONFIG": str(stream_caps_config(root, max(counts)))}
-        cmd = [sys.executable, "-m", "gateway.cli", "serve"]
-        if shutil.which("taskset") and args.server_core >= 0:
-            cmd[:0] = ["taskset", "-c", str(args.server_core)]
+               "GATEWAY_CONFIG": str(stream_caps_config(root, max([*counts, args.idle])))}
         placement = ("no pinning" if args.no_pin else
                      f"server on core {args.server_core}; stores, writer, bare subscriber and "
                      f"SSE clients on core {args.load_core}")
@@ -642,19 +739,34 @@ def main() -> int:
                       else "; the machine's own CPU idle policy")
         print(f"{placement}; {os.cpu_count()} cores; "
               f"{args.messages} rows at {args.rate:g}/s, then a burst of {args.burst}")
-        print(f"{'reader':>8} {'clients':>7} {'sub p99':>8} {'fan p50':>8} {'fan p99':>8} "
+        if args.idle:
+            for processes in process_counts:
+                with gateway_server(serve_command(args, processes), env,
+                                    root / f"gateway-idle-{processes}.log") as server:
+                    ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
+                    print(idle_line(processes, args.idle, measure_idle(
+                        args, port, args.idle, serve_pids(server.pid, processes))), flush=True)
+        if not counts:
+            return 0
+        print(f"{'reader':>8} {'clients':>7} {'procs':>5} {'sub p99':>8} {'fan p99':>8} "
               f"{'sse p50':>8} {'sse p99':>8} {'sse/fan':>7} {'sse/sub':>7} "
               f"{'fan deliv/s':>11} {'sse deliv/s':>11} {'missing':>7}")
-        with gateway_server(cmd, env, root / "gateway.log"):
-            ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
-            for clients, reader in ((c, name) for c in counts for name in readers):
-                got = {target: asyncio.run(run_round(args, port, cache.url, pg.url, clients,
-                                                     reader, target)) for target in targets}
-                print(round_line(reader, clients, got), flush=True)
-                for target, r in got.items():
-                    if r["errors"]:
-                        print(f"        {target}: {r['errors']} client errors, "
-                              f"e.g. {r['error_sample']}")
+        for clients, reader in ((c, name) for c in counts for name in readers):
+            fan = None
+            if "fanout" in targets:
+                fan = asyncio.run(run_round(args, 0, cache.url, pg.url, clients, reader,
+                                            "fanout"))
+                report_errors("fanout", fan)
+            for processes in process_counts if "sse" in targets else []:
+                with gateway_server(serve_command(args, processes), env,
+                                    root / f"gateway-{processes}.log"):
+                    ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
+                    sse = asyncio.run(run_round(args, port, cache.url, pg.url, clients,
+                                                reader, "sse"))
+                print(round_line(reader, clients, processes, fan, sse), flush=True)
+                report_errors(f"sse x{processes}", sse)
+            if "sse" not in targets and fan is not None:
+                print(round_line(reader, clients, 0, fan, None), flush=True)
     finally:
         embedded.stop_all(servers)
         shutil.rmtree(root, ignore_errors=True)

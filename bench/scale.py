@@ -6,13 +6,16 @@ to one process and where the CPU went.
   graph, with 1, 2 and 4 worker processes; the clock runs from the first enqueue to the last
   graph completion, the workers being up (their start-up line logged) before it starts.
 * ingest: signed webhooks per second with 1 and 2 serve processes, one ``wrk`` per process
-  (bench/ingest.py's script, signer and parser), each with ``--connections`` / processes.
+  (bench/ingest.py's script, signer and parser), each with ``--connections`` / processes;
+  then with one ``gateway serve --processes N`` (N processes on one port, SO_REUSEPORT) and
+  one ``wrk`` with every connection.
 
 Every configuration runs in this one invocation on the same machine, so ratios compare like
 with like. CPU is read from /proc for the gateway processes, the Redis nodes (all nodes of a
 cluster) and PostgreSQL (postmaster and its backends) over the measured window.
 
     python bench/scale.py [--items 3000] [--duration 5] [--workers 1,2,4] [--serves 1,2]
+                          [--processes 1,2]
     python bench/scale.py --workers 1 --serves 1 --profile /tmp/prof   # py-spy stacks
 """
 
@@ -103,7 +106,7 @@ class CpuMeter:
         self.start = self._read()
 
     def _read(self) -> Cpu:
-        return Cpu(sum(ingest.cpu_seconds(p) for p in self.pids),
+        return Cpu(sum(tree_cpu(p) for p in self.pids),  # a supervisor's children too
                    sum(ingest.cpu_seconds(p) for p in self.stores.redis_pids),
                    tree_cpu(self.stores.pg_pid), machine_busy())
 
@@ -128,9 +131,11 @@ def gateway_processes(runs: Sequence[tuple[dict[str, str], list[str]]], env: dic
         yield pids
 
 
-def wait_logged(logs: Sequence[Path], text: str, timeout: float = 60.0) -> None:
+def wait_logged(logs: Sequence[Path], text: str, timeout: float = 60.0,
+                count: int = 1) -> None:
     deadline = time.monotonic() + timeout
-    while not all(log.exists() and text in log.read_text(errors="replace") for log in logs):
+    while not all(log.exists() and log.read_text(errors="replace").count(text) >= count
+                  for log in logs):
         if time.monotonic() > deadline:
             raise SystemExit(f"bench: {text!r} not logged by every process within {timeout} s")
         time.sleep(0.05)
@@ -214,11 +219,14 @@ def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
 
 
 def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
-               root: Path) -> tuple[float, Cpu, dict[int, int]]:
+               root: Path, processes: int = 1) -> tuple[float, Cpu, dict[int, int]]:
+    """``serves`` serve processes on their own ports, one wrk each; or (``processes`` > 1)
+    one ``gateway serve --processes N`` on one port and one wrk."""
     asyncio.run(_reset(stores))
-    tag = f"ingest-{stores.name}-{serves}"
+    tag = f"ingest-{stores.name}-{serves}x{processes}"
     ports = [embedded.free_port() for _ in range(serves)]
-    runs = [({"GATEWAY_PORT": str(port)}, ["serve"]) for port in ports]
+    argv = ["serve", "--processes", str(processes)] if processes > 1 else ["serve"]
+    runs = [({"GATEWAY_PORT": str(port)}, argv) for port in ports]
     timestamp = int(time.time())
     script, body = root / "signed.lua", root / "body.json"
     script.write_text(ingest.WRK_SCRIPT)
@@ -227,6 +235,9 @@ def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
     with gateway_processes(runs, stores.env(), root, tag) as pids:
         for port in ports:
             ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
+        # Every child of a supervisor logs its own "serving on" line once it listens.
+        wait_logged([root / f"{tag}-{n}.log" for n in range(serves)], "serving on",
+                    count=processes)
         ids = []
         for n, port in enumerate(ports):
             warm, measure = root / f"{tag}-warm-{n}", root / f"{tag}-ids-{n}"
@@ -301,6 +312,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="per worker process")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--serves", default="1,2")
+    parser.add_argument("--processes", default="1,2",
+                        help="ingest by one `gateway serve --processes N` on one port")
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--connections", type=int, default=64, help="in total")
@@ -334,6 +347,13 @@ def main() -> int:
                 base = base or rps
                 codes = " ".join(f"{k}:{v}" for k, v in sorted(statuses.items()))
                 print(f"{kind:<7} ingest   {serves} serve(s):  {rps:7.0f} req/s   "
+                      f"(x{rps / base:4.2f})  {cpu.line(args.duration)}  {codes}", flush=True)
+            base = 0.0
+            for processes in (int(n) for n in args.processes.split(",") if n):
+                rps, cpu, statuses = ingest_run(stores, 1, args, root, processes)
+                base = base or rps
+                codes = " ".join(f"{k}:{v}" for k, v in sorted(statuses.items()))
+                print(f"{kind:<7} ingest   --processes {processes}: {rps:7.0f} req/s   "
                       f"(x{rps / base:4.2f})  {cpu.line(args.duration)}  {codes}", flush=True)
     finally:
         for server in reversed(started):

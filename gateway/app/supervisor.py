@@ -72,8 +72,8 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self.children = [self._spawn(i) for i in range(self.processes)]
         self.started = [time.monotonic()] * self.processes
-        log.info("serving on http://%s:%d with %d processes", self.host, self.port,
-                 self.processes)
+        log.info("supervising %d serve processes on http://%s:%d", self.processes,
+                 self.host, self.port)
         failed = 0
         while not self.stop.wait(0.2):
             failed = self._check_children()
