@@ -196,5 +196,6 @@ def assert_grew_in_one_message(chat: Chat, full: str, per_second: float) -> list
     assert all(len(a) < len(b) for a, b in itertools.pairwise(texts))
     calls = chat.replies()
     assert len(calls) == len(texts)  # no edit was refused (none to the same text)
-    assert min(gaps(calls)) >= 1 / per_second - 0.05, gaps(calls)
+    # Spaced by the limiter on Redis time; arrival here adds each call's own latency.
+    assert min(gaps(calls)) >= 1 / per_second - 0.1, gaps(calls)
     return texts
