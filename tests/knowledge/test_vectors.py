@@ -12,7 +12,7 @@ import pytest
 from gateway.knowledge import embedding, reembed, search, vectors
 from gateway.pipeline import queue
 from gateway.stores import doctor
-from tests.helpers import wait_until
+from tests.helpers import gateway_cli, wait_until
 from tests.knowledge.indexing import index
 from tests.pipeline.helpers import workers
 
@@ -103,7 +103,8 @@ async def _finished(rt, count: int) -> bool:  # type: ignore[no-untyped-def]
     return bool(done == count)
 
 
-async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime) -> None:
+async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime,
+                                                                         servers) -> None:
     for item_id in ("physicians", "weather"):
         await queue.enqueue(runtime.durable, item_id, {"text": CORPUS[item_id]})
     async with workers(runtime):
@@ -131,7 +132,9 @@ async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime)
     await search.invalidate(runtime.cache)
     assert {r["item_id"] for r in await search.search(runtime, "rain in the north")} >= {
         "weather"}
-    assert (await reembed.reembed(runtime)).requeued == 0  # nothing stale is left
+    # Nothing stale is left; the operator's command says so.
+    code, out, _ = await gateway_cli(servers, "reembed")
+    assert code == 0 and "reembed (local:l2_supercat): 0 items enqueued at embed" in out
 
 
 async def test_doctor_says_which_search(runtime, scan_runtime) -> None:
