@@ -1,7 +1,10 @@
 """Slack bot: slack-bolt ``AsyncApp`` mounted on our own aiohttp routes.
 
-``/slack/events`` and ``/slack/commands`` go through Bolt, which verifies the signature and
-the timestamp (±5 min) and answers ``url_verification``; its refusals become our JSON 401.
+``/slack/events`` and ``/slack/commands`` are checked first here (signature and ±5 min
+timestamp over the raw bytes, ``signing.verify_slack``: a wrong or malformed one counts at the
+barrier, a genuine stale one does not; then a body Bolt could not parse is a 400), then go
+through Bolt, which verifies again and answers ``url_verification``; its refusals become our
+JSON 401 (or the JSON error of their status).
 A Bolt middleware then does the intake itself, before Bolt acknowledges: an ``app_mention``
 or direct message is claimed (``dedup:slack-event:<event_id>``; a retry can arrive after 3 s)
 and put in the inbox in one round trip, a slash command (``/gw new``) is put in the inbox with
@@ -16,13 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from redis.exceptions import RedisError
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -34,7 +39,9 @@ from gateway.api import routes
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, store_error
 from gateway.api.state import PUBLIC
 from gateway.conversations.model import Incoming
+from gateway.inbound import signing
 from gateway.inbound.chat_guard import Guard
+from gateway.inbound.http_intake import read_body
 from gateway.inbox.component import PlatformInbox
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Pushed
@@ -89,9 +96,40 @@ def _command(body: dict[str, Any]) -> Entry | None:
     return Entry(incoming, {RESPONSE_URL: str(body[RESPONSE_URL])})
 
 
+SHAPE_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError)
+JSON_TYPE = "application/json"
+
+
+def _shape_refusal(exc: Exception) -> ApiError:
+    log.warning("slack: a signed body of an unexpected shape (%s)", type(exc).__name__)
+    return ApiError(400, "bad_request", "the body is not a Slack payload this gateway reads")
+
+
+def _checked_text(content_type: str, body: bytes) -> str:
+    """The body as text, or 400 for a signed body Bolt would fail on with a traceback: not
+    UTF-8, JSON that is not an object, or an event that is not one (Bolt's middlewares call
+    ``.get`` on it)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_request", f"body is not UTF-8 (byte {exc.start})") from None
+    if content_type != JSON_TYPE:
+        return text  # a form (slash command): any UTF-8 text parses
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        raise ApiError(400, "bad_request", "body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "bad_request", "body must be a JSON object")
+    event = payload.get("event", {})
+    if not isinstance(event, dict) or not isinstance(event.get("type", ""), str):
+        raise ApiError(400, "bad_request", "event must be an object with a string type")
+    return text
+
+
 def _refusal(error: ApiError) -> BoltResponse:
     return BoltResponse(status=error.status, headers={**error.headers,
-                                                      "Content-Type": "application/json"},
+                                                      "Content-Type": JSON_TYPE},
                         body=json.dumps({"error": error.code, "detail": error.detail}))
 
 
@@ -107,16 +145,44 @@ class SlackBot:
                              client=self.client, logger=log)
         self.inbox = PlatformInbox(runtime, "slack", self._sender)
         self.guard = guard
+        self.secret = settings.slack_signing_secret.get().encode()
         self.bolt.middleware(self._intake)
+        self.bolt.error(self._on_bolt_error)
 
     # --- HTTP --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         ip = await self.guard.admit(request)
-        response = await self.bolt.async_dispatch(await to_bolt_request(request))
+        body = await read_body(request)
+        try:
+            signing.verify_slack(self.secret, request.headers, body, time.time())
+        except signing.SignatureError:
+            raise await self.guard.refuse(ip, ApiError(
+                401, "unauthorized", "bad Slack signature or stale timestamp")) from None
+        except signing.StaleSignature as exc:  # genuine but old: a replay, not a guess
+            raise ApiError(401, "stale_signature", str(exc)) from None
+        text = _checked_text(request.content_type, body)
+        try:  # Bolt reads team, user and enterprise ids out of the body as it builds this
+            bolt_request = AsyncBoltRequest(body=text, query=request.query_string,
+                                            headers=request.headers)  # type: ignore[arg-type]
+        except SHAPE_ERRORS as exc:
+            raise _shape_refusal(exc) from None
+        response = await self.bolt.async_dispatch(bolt_request)
         if response.status == 401:
             raise await self.guard.refuse(ip, ApiError(
                 401, "unauthorized", "bad Slack signature or stale timestamp"))
+        if response.status >= 400 and response.headers.get("content-type") != [JSON_TYPE]:
+            # Bolt's own refusals (e.g. no listener for a signed request) are not ours.
+            raise ApiError(response.status, "unhandled", "slack: nothing handles this request")
         return await to_aiohttp_response(response)
+
+    async def _on_bolt_error(self, error: Exception) -> BoltResponse:
+        """Bolt's middlewares (ours included) failing on a signed body of an unexpected
+        shape: a 400 and one warning line, where Bolt's default handler logs a traceback and
+        answers 500. Anything else stays a 500, logged with its traceback."""
+        if isinstance(error, SHAPE_ERRORS):
+            return _refusal(_shape_refusal(error))
+        log.error("slack: request failed", exc_info=error)
+        return _refusal(ApiError(500, "internal_error", "unexpected error; see server log"))
 
     # --- Bolt middleware: the intake ---------------------------------------------------
     async def _intake(self, body: dict[str, Any],

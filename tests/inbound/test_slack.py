@@ -73,10 +73,11 @@ async def test_bad_signature_and_stale_timestamp_are_refused(
         start_bot: Callable[..., Any], fake_slack: FakeSlack, runtime: Runtime) -> None:
     client = await start_bot()
     payload = event_callback(event_type="app_mention", text="sneaky")
-    for kwargs in ({"secret": "wrong"}, {"timestamp": int(time.time()) - 301}):
+    for kwargs, error in (({"secret": "wrong"}, "unauthorized"),
+                          ({"timestamp": int(time.time()) - 301}, "stale_signature")):
         status, text = await send_event(client, payload, **kwargs)
         assert status == 401
-        assert json.loads(text)["error"] == "unauthorized"
+        assert json.loads(text)["error"] == error
     async with client.post("/slack/events", data=b"{}") as response:  # unsigned
         assert response.status == 401
     assert fake_slack.posted_messages() == []
