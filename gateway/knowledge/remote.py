@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gateway.config import ConfigError
+from gateway.knowledge import embedding
 from gateway.knowledge.embedding import normalise
 from gateway.providers import Charge, ModelProviders
 
@@ -50,6 +51,10 @@ class ProviderEmbedder:
 
     def __init__(self, runtime: Any, spec: str) -> None:
         provider, _, self.model = spec.partition(":")
+        try:
+            embedding.model_id(spec, 1)  # refused at start, not at every item
+        except ValueError as exc:
+            raise ConfigError("GATEWAY_CONFIG [pipeline].embedder", str(exc)) from None
         self.name = spec
         self.chain = providers(runtime).chain([provider])
         self.batch = int(_positive(runtime.settings.section("pipeline"), "embed_batch", BATCH))

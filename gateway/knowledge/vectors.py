@@ -18,16 +18,20 @@ characters, so it cannot close the quote.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+log = logging.getLogger("gateway.knowledge")
+
 _LOCK_ID = 0x766563  # "vec": index creation, one process at a time
 # A build over a model's existing rows (an index dropped by hand) may take minutes.
 BUILD_SECONDS = 1800.0
 EF_SEARCH = 40  # pgvector's default breadth of an HNSW walk
+HNSW_MAX_DIMENSIONS = 2000  # pgvector's limit for an HNSW index on `vector`
 _LAYOUT = """
 SELECT format_type(a.atttypid, a.atttypmod) AS type,
        (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS version
@@ -84,7 +88,11 @@ async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
     done = _indexed.setdefault(runtime.settings.database_url, set())
     if model in done:
         return
-    if (await layout(runtime)).pgvector:
+    if dimensions > HNSW_MAX_DIMENSIONS:
+        log.warning("embedder %s: %d dimensions, more than an HNSW index takes (%d): its "
+                    "searches compare every one of its vectors", model, dimensions,
+                    HNSW_MAX_DIMENSIONS)
+    elif (await layout(runtime)).pgvector:
         async with runtime.pg.acquire() as conn:
             if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL",
                                        index_name(model)):

@@ -4,12 +4,16 @@ embeds the query with the same provider."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
+from gateway.app.worker import run_workers
+from gateway.config import ConfigError
+from gateway.knowledge import search, vectors
 from gateway.pipeline import queue
 from gateway.pipeline.stages import dead_key, meta_key, stats_key
 from gateway.stores.runtime import Runtime, open_runtime
@@ -98,3 +102,32 @@ async def test_over_budget_the_item_waits_and_is_never_dead_lettered(
     assert len(fake_openai.calls_to("embeddings")) == 1  # seven chunks, one batch of 64
     assert await rt.pg.fetchval(
         "SELECT count(*) FROM pipeline_chunks WHERE embedder = 'fake:emb-1@8'") == 7
+
+
+async def test_more_dimensions_than_hnsw_takes_are_searched_without_an_index(
+        runtime, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_OPENAI_KEY", OPENAI_KEY)
+    async with FakeOpenAI(api_key=OPENAI_KEY, dimension=2048) as wide:
+        sections = {"providers": provider_tables(("wide", wide)),
+                    "pipeline": {"embedder": "wide:big"}}
+        rt = await open_runtime(dataclasses.replace(runtime.settings, sections=sections))
+        try:
+            await index(rt, "a", "first document")
+            await index(rt, "b", "second document")
+            assert await rt.pg.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = $1",
+                                        vectors.index_name("wide:big@2048")) == 0
+            found = await search.search(rt, "second document")
+            assert found[0]["item_id"] == "b" and found[0]["score"] > 0.999
+        finally:
+            await rt.close()
+
+
+async def test_an_embedder_name_sql_cannot_hold_is_refused_at_start(runtime) -> None:
+    settings = dataclasses.replace(runtime.settings, sections={
+        "pipeline": {"embedder": "x:it's"}, "providers": {}})
+    rt = await open_runtime(settings)
+    try:
+        with pytest.raises(ConfigError, match=r"\[pipeline\]\.embedder"):
+            await run_workers(rt, asyncio.Event(), stages=("embed",))
+    finally:
+        await rt.close()
