@@ -205,3 +205,14 @@ async def test_never_block_ranges_are_refused_but_never_blocked(
     assert (await good(client, "192.0.2.10", "ours-from-the-platform")).status == 202
     assert [k async for k in runtime.durable.scan_iter("brute:*")] == []
     assert [(await bad(client, "198.51.100.77")).status for _ in range(3)] == [401, 401, 429]
+
+
+async def test_an_attacker_rotating_through_its_ipv6_64_is_blocked_not_its_neighbours(
+        proxied: Any, runtime: Runtime) -> None:
+    """Behind the same trusted proxy: a fresh address of the same /64 per guess still
+    counts as one client; a sender in the next /64 is accepted throughout."""
+    guesses = [(await bad(proxied, f"2001:db8:0:1::{n:x}")).status for n in range(1, 4)]
+    assert guesses == [401, 401, 429]
+    assert (await good(proxied, "2001:db8:0:1::ff", "same-64")).status == 429
+    assert (await good(proxied, "2001:db8:0:2::1", "next-64")).status == 202
+    assert await runtime.durable.exists(block_key("2001:db8:0:1::/64")) == 1
