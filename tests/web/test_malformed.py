@@ -131,6 +131,14 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      {"json": {"count": [1]}}),
     ("admin-requeue-array", "POST", "/v1/admin/deadletter/store/requeue", {"json": [1]}),
     ("admin-requeue-get", "GET", "/v1/admin/deadletter/store/requeue", {}),
+    ("admin-usage-group-unknown", "GET", "/v1/admin/usage?group=everything", {}),
+    ("admin-usage-group-nul", "GET", "/v1/admin/usage?group=model%00", {}),
+    ("admin-usage-days-text", "GET", "/v1/admin/usage?days=week", {}),
+    ("admin-usage-days-negative", "GET", "/v1/admin/usage?days=-3", {}),
+    ("admin-usage-days-zero", "GET", "/v1/admin/usage?days=0", {}),
+    ("admin-usage-days-huge", "GET", "/v1/admin/usage?days=" + "9" * 400, {}),
+    ("admin-usage-days-int64", "GET", "/v1/admin/usage?days=99999999999", {}),
+    ("admin-usage-post", "POST", "/v1/admin/usage", {}),
     # --- search
     ("search-no-q", "GET", "/v1/search", {}),
     ("search-blank-q", "GET", "/v1/search?q=%20%20", {}),
@@ -168,6 +176,7 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("stream-post", "POST", "/v1/stream?topics=pipeline", {}),
     # --- dashboard and static files
     ("dashboard-summary-post", "POST", "/v1/dashboard/summary", {}),
+    ("dashboard-page-post", "POST", "/", {"data": b"x"}),
     ("static-unknown", "GET", "/static/nope.js", {}),
     ("static-traversal", "GET", "/static/..%2f..%2fetc%2fpasswd", {}),
     ("static-nul", "GET", "/static/a%00.js", {}),
