@@ -359,7 +359,7 @@ def fanout_process(port: int, cache_url: str, topic: str, conn: Any) -> None:
 
 
 @contextlib.contextmanager
-def bare_fanout(port: int, cache_url: str, topic: str, core: int) -> Iterator[None]:
+def bare_fanout(port: int, cache_url: str, topic: str, core: int) -> Iterator[int]:
     parent, child = mp.Pipe()
     proc = mp.Process(target=fanout_process, args=(port, cache_url, topic, child))
     proc.start()
@@ -367,7 +367,7 @@ def bare_fanout(port: int, cache_url: str, topic: str, core: int) -> Iterator[No
     try:
         if not parent.poll(30) or parent.recv() != "ready":
             raise SystemExit("bench: the bare fan-out process did not start")
-        yield
+        yield cast(int, proc.pid)
     finally:
         proc.terminate()
         proc.join(10)
@@ -461,19 +461,24 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 
 async def run_round(args: argparse.Namespace, port: int, cache_url: str, pg_url: str,
-                    clients: int, reader: str, target: str) -> dict[str, Any]:
-    """One round: ``clients`` streams of ``target`` (``sse``: the gateway on ``port``;
-    ``fanout``: a bare fan-out process started for the round), the bare subscriber beside."""
+                    clients: int, reader: str, target: str,
+                    server_pids: list[int] | None = None) -> dict[str, Any]:
+    """One round: ``clients`` streams of ``target`` (``sse``: the gateway on ``port``, whose
+    processes are ``server_pids``; ``fanout``: a bare fan-out process started for the round),
+    the bare subscriber beside."""
     topic = f"bench.{clients}.{reader}.{target}.{int(time.time())}"
     if target == "sse":
-        return await _measure(args, port, cache_url, pg_url, clients, reader, topic)
+        return await _measure(args, port, cache_url, pg_url, clients, reader, topic,
+                              server_pids or [])
     fanout_port = embedded.free_port()
-    with bare_fanout(fanout_port, cache_url, topic, args.server_core):
-        return await _measure(args, fanout_port, cache_url, pg_url, clients, reader, topic)
+    with bare_fanout(fanout_port, cache_url, topic, args.server_core) as pid:
+        return await _measure(args, fanout_port, cache_url, pg_url, clients, reader, topic,
+                              [pid])
 
 
 async def _measure(args: argparse.Namespace, port: int, cache_url: str, pg_url: str,
-                   clients: int, reader: str, topic: str) -> dict[str, Any]:
+                   clients: int, reader: str, topic: str,
+                   server_pids: list[int]) -> dict[str, Any]:
     total = args.messages + args.burst
     parent, child = mp.Pipe()
     proc = mp.Process(target=client_process, args=(port, topic, clients, total, reader, child))
@@ -492,10 +497,12 @@ async def _measure(args: argparse.Namespace, port: int, cache_url: str, pg_url: 
         bare_task = asyncio.create_task(subscriber(cache_url, topic, total, bare, bare_ready))
         await bare_ready.wait()
         commits: dict[int, float] = {}
+        cpu_start = sum(ingest.cpu_seconds(pid) for pid in server_pids)
         await write_rows(pool, cache, topic, 0, args.messages, args.rate, commits)
         burst_start = time.perf_counter()
         await write_rows(pool, cache, topic, args.messages, args.burst, None, commits)
         result = await loop.run_in_executor(None, parent.recv)
+        cpu = sum(ingest.cpu_seconds(pid) for pid in server_pids) - cpu_start
         await asyncio.wait_for(bare_task, 30)
     finally:
         await pool.close()
@@ -513,6 +520,8 @@ async def _measure(args: argparse.Namespace, port: int, cache_url: str, pg_url: 
         "sse_fanout": len(burst_sse) / (max(burst_sse) - burst_start) if burst_sse else 0.0,
         "bare_fanout": len(burst_bare) / (max(burst_bare) - burst_start) if burst_bare else 0.0,
         "missing": clients * total - delivered, "errors": result["error_count"],
+        # The server's CPU over the round per row delivered to a client: its unit cost.
+        "cpu_us": cpu / delivered * 1e6 if delivered else float("nan"),
         "error_sample": result["errors"],
     }
 
@@ -528,7 +537,9 @@ def round_line(reader: str, clients: int, processes: int, fan: dict[str, Any] | 
     return (f"{reader:>8} {clients:>7} {processes or '-':>5} {sub99:>6.2f}ms {f99:>6.2f}ms "
             f"{s50:>6.2f}ms {s99:>6.2f}ms {s99 / f99:>6.2f}x {s99 / sub99:>6.2f}x "
             f"{fan['sse_fanout'] if fan else nan:>11.0f} "
-            f"{sse['sse_fanout'] if sse else nan:>11.0f} {missing:>7}")
+            f"{sse['sse_fanout'] if sse else nan:>11.0f} "
+            f"{fan['cpu_us'] if fan else nan:>6.1f} {sse['cpu_us'] if sse else nan:>6.1f} "
+            f"{missing:>7}")
 
 
 def report_errors(what: str, result: dict[str, Any]) -> None:
@@ -571,22 +582,13 @@ def rss_kib(pids: list[int]) -> int:
     return total
 
 
-def socket_kib() -> int:
-    """Kernel memory of every TCP socket of the machine (/proc/net/sockstat, in pages)."""
-    for line in Path("/proc/net/sockstat").read_text().splitlines():
-        if line.startswith("TCP:"):
-            fields = line.split()
-            return int(fields[fields.index("mem") + 1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    return 0
-
-
 def measure_idle(args: argparse.Namespace, port: int, clients: int,
-                 pids: list[int]) -> tuple[int, int, int, int]:
-    """(RSS before, RSS after, kernel socket memory before, after) in KiB around ``clients``
-    idle streams of one topic (the kernel reader, nothing written), after a settling second
-    with the streams open."""
+                 pids: list[int]) -> tuple[int, int]:
+    """RSS in KiB of the serve processes before and after ``clients`` idle streams of one
+    topic (the kernel reader, nothing written), two seconds after the last connected. (The
+    kernel's own per-socket memory is not in it.)"""
     time.sleep(2.0)  # the serve's own start-up allocations settle
-    rss_before, sock_before = rss_kib(pids), socket_kib()
+    rss_before = rss_kib(pids)
     parent, child = mp.Pipe()
     proc = mp.Process(target=client_process,
                       args=(port, f"idle.{int(time.time())}", clients, 1, "kernel", child))
@@ -596,18 +598,17 @@ def measure_idle(args: argparse.Namespace, port: int, clients: int,
         if not parent.poll(300) or parent.recv() != "ready":
             raise SystemExit("bench: the idle streams did not all connect")
         time.sleep(2.0)  # heartbeats and housekeeping have run over every stream
-        return rss_before, rss_kib(pids), sock_before, socket_kib()
+        return rss_before, rss_kib(pids)
     finally:
         proc.terminate()
         proc.join(30)
 
 
-def idle_line(processes: int, clients: int, figures: tuple[int, int, int, int]) -> str:
-    rss_before, rss_after, sock_before, sock_after = figures
+def idle_line(processes: int, clients: int, figures: tuple[int, int]) -> str:
+    rss_before, rss_after = figures
     per = (rss_after - rss_before) / clients
     return (f"idle streams: {clients} on {processes} serve process(es): RSS {rss_before} -> "
-            f"{rss_after} KiB, {per:.1f} KiB per stream (target <= 20); kernel TCP memory "
-            f"+{(sock_after - sock_before) / clients:.1f} KiB per connection (both ends)")
+            f"{rss_after} KiB, {per:.1f} KiB per stream (target <= 20)")
 
 
 # --- plumbing -------------------------------------------------------------------------------
@@ -750,7 +751,8 @@ def main() -> int:
             return 0
         print(f"{'reader':>8} {'clients':>7} {'procs':>5} {'sub p99':>8} {'fan p99':>8} "
               f"{'sse p50':>8} {'sse p99':>8} {'sse/fan':>7} {'sse/sub':>7} "
-              f"{'fan deliv/s':>11} {'sse deliv/s':>11} {'missing':>7}")
+              f"{'fan deliv/s':>11} {'sse deliv/s':>11} {'fan µs':>6} {'sse µs':>6} "
+              f"{'missing':>7}")
         for clients, reader in ((c, name) for c in counts for name in readers):
             fan = None
             if "fanout" in targets:
@@ -759,10 +761,11 @@ def main() -> int:
                 report_errors("fanout", fan)
             for processes in process_counts if "sse" in targets else []:
                 with gateway_server(serve_command(args, processes), env,
-                                    root / f"gateway-{processes}.log"):
+                                    root / f"gateway-{processes}.log") as server:
                     ingest.wait_http(f"http://127.0.0.1:{port}/healthz")
                     sse = asyncio.run(run_round(args, port, cache.url, pg.url, clients,
-                                                reader, "sse"))
+                                                reader, "sse",
+                                                serve_pids(server.pid, processes)))
                 print(round_line(reader, clients, processes, fan, sse), flush=True)
                 report_errors(f"sse x{processes}", sse)
             if "sse" not in targets and fan is not None:
