@@ -57,7 +57,7 @@ class Recorder(PlatformReply):
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
 
-    async def post(self, text: str) -> str:
+    async def post(self, text: str, *, first: bool = True) -> str:
         self.reply.calls.append(time.perf_counter())
         return str(next(_ids))
 

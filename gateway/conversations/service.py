@@ -174,20 +174,21 @@ class ConversationService:
         bot = f"{incoming.platform}:bot"
         pace = live.Pace(self.limiter, limit_names(incoming, self.limits, edit=True),
                          [(n, r) for n, r in limit_names(incoming, self.limits) if n == bot],
-                         self.edit_interval, self.typing_interval,
-                         live.MAX_CHARS.get(incoming.platform, 4096))
+                         self.edit_interval, self.typing_interval)
         return await live.write_live(deltas, send, pace, APOLOGY)
 
     async def _deliver(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                        conversation_id: int, seq: int, text: str) -> bool:
         # Everything below runs on the connection this message already holds: asking the
         # pool for a second one could wait forever once every connection is a waiting chat.
-        shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
+        shown = text
         limits = limit_names(incoming, self.limits)
-        if isinstance(send, live.LiveReply) and send.editing:  # the last edit of a stream
-            # ... or no platform call at all, when the message shows the whole text already.
-            limits = [] if send.showing == shown else limit_names(incoming, self.limits,
-                                                                  edit=True)
+        if not isinstance(send, live.LiveReply):  # one message, however long the text
+            shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
+        elif send.editing:  # the last edit of a stream, or no platform call at all when
+            # the messages show the whole text already
+            limits = [] if send.showing == text else limit_names(incoming, self.limits,
+                                                                 edit=True)
         delivered = await deliver(conn, self.limiter, limits,
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)

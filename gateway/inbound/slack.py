@@ -222,7 +222,8 @@ class SlackBot:
         return SlackReply(self, entry.incoming, retried)
 
     async def earlier_reply(self, incoming: Incoming) -> dict[str, Any] | None:
-        """Our reply to this message in the channel (or thread), if there is one. Unknown
+        """Our reply to this message in the channel (or thread), its first message, if there
+        is one. Unknown
         (the app lacks the history scope, Slack fails) counts as none: better twice than
         never."""
         try:
@@ -238,13 +239,12 @@ class SlackBot:
             log.warning("slack: cannot read the channel to check for an earlier reply (%s)",
                         exc.response.get("error", "") if exc.response else "error")
             return None
-        for message in page.get("messages") or []:
-            metadata = message.get("metadata") or {}
-            if (metadata.get("event_type") == REPLY_EVENT
-                    and (metadata.get("event_payload") or {}).get("reply_to")
-                    == incoming.message_id):
-                return dict(message)
-        return None
+        ours = [message for message in page.get("messages") or []
+                if (message.get("metadata") or {}).get("event_type") == REPLY_EVENT
+                and ((message.get("metadata") or {}).get("event_payload") or {}).get(
+                    "reply_to") == incoming.message_id]
+        # The reply's first message (a long one goes on in more, naming the same message).
+        return dict(min(ours, key=lambda m: float(m["ts"]))) if ours else None
 
     @staticmethod
     def _responder(url: str) -> Send:
@@ -272,9 +272,9 @@ class SlackReply(PlatformReply):
         self.metadata = {"event_type": REPLY_EVENT,
                          "event_payload": {"reply_to": incoming.message_id}}
 
-    async def post(self, text: str) -> str:
+    async def post(self, text: str, *, first: bool = True) -> str:
         """A new message; on a retry, the earlier reply brought to ``text`` instead."""
-        if self.retried:
+        if self.retried and first:
             earlier = await self.bot.earlier_reply(self.incoming)
             if earlier is not None:
                 log.info("slack message %s: answered before its holder stopped",

@@ -188,7 +188,7 @@ class TelegramReply(PlatformReply):
         await _mapped(self.bot.send_chat_action(chat_id=self.chat_id,
                                                 action=ChatAction.TYPING))
 
-    async def post(self, text: str) -> str:
+    async def post(self, text: str, *, first: bool = True) -> str:
         message = await _mapped(self.bot.send_message(chat_id=self.chat_id, text=text))
         return str(message.message_id)
 

@@ -33,7 +33,7 @@ from gateway.inbox.fence import Fence, FencedLive, LeaseLost, fenced_send
 from gateway.inbox.queue import Inbox, Lost, Taken, new_token
 from gateway.leases.maintenance import view_for
 from gateway.outbound.delivery import Send
-from gateway.outbound.live import PlatformReply
+from gateway.outbound.live import MAX_CHARS, PlatformReply
 from gateway.stores.runtime import Runtime
 
 log = logging.getLogger("gateway.inbox")
@@ -234,7 +234,7 @@ class InboxConsumer:
         becomes a live one, which a retry resumes in the message it showed."""
         fence = Fence(self.inbox, chat, token, head, self._outage)
         if isinstance(send, PlatformReply):
-            return FencedLive(fence, send)
+            return FencedLive(fence, send, MAX_CHARS.get(self.inbox.platform, 4096))
         return fenced_send(fence, send)
 
     async def _release(self, chat: str, token: str, delay: float, *, counted: bool,

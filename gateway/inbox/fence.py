@@ -6,8 +6,9 @@ what of the head's reply left already, which ``inbox:{inbox}:<platform>:sent`` r
 per chat until the head is acknowledged:
 
 - ``<digest>``: the whole reply left; a retry of the head sends nothing.
-- ``<digest> <message id>``: a reply being written shows in that message; a retry edits
-  the same message (from the start of its own text) instead of posting a second one.
+- ``<digest> <message id> ...``: a reply being written shows in those messages (one, or
+  more for a text longer than one message holds); a retry edits the same messages (from the
+  start of its own text) instead of posting new ones.
 
 The digest names the head entry, so a record never applies to the next message.
 """
@@ -15,13 +16,13 @@ The digest names the head entry, so a record never applies to the next message.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
 from gateway.inbox.queue import Inbox
 from gateway.outbound.delivery import Send
-from gateway.outbound.live import PlatformReply
+from gateway.outbound.live import PlatformReply, pieces
 
 
 class LeaseLost(BaseException):
@@ -35,22 +36,21 @@ class Fence:
         self.inbox, self.chat, self.token, self.outage = inbox, chat, token, outage
         self.digest = hashlib.blake2b(head.encode(), digest_size=12).hexdigest()
 
-    async def check(self) -> tuple[bool, str | None]:
-        """(the whole reply left, the message showing it so far); raises ``LeaseLost``."""
+    async def check(self) -> tuple[bool, list[str]]:
+        """(the whole reply left, the messages showing it so far); raises ``LeaseLost``."""
         holds, sent = await self.inbox.before_send(self.chat, self.token)
         if not holds:
             raise LeaseLost(self.chat)
         if sent == self.digest:
-            return True, None
-        digest, _, ref = sent.partition(" ")
-        return False, (ref or None) if digest == self.digest else None
+            return True, []
+        digest, _, refs = sent.partition(" ")
+        return False, refs.split() if digest == self.digest else []
 
-    async def mark(self, ref: str | None = None) -> None:
-        """Record the message now showing the reply (``ref``), or that all of it left. A
+    async def mark(self, refs: Sequence[str] = ()) -> None:
+        """Record the messages now showing the reply (``refs``), or that all of it left. A
         store failure is only logged: the worst it costs is a second message on a retry."""
         try:
-            await self.inbox.mark_sent(self.chat, f"{self.digest} {ref}" if ref else
-                                       self.digest)
+            await self.inbox.mark_sent(self.chat, " ".join([self.digest, *refs]))
         except RedisError as exc:
             self.outage(exc)
 
@@ -68,54 +68,60 @@ def fenced_send(fence: Fence, send: Send) -> Send:
 
 
 class FencedLive:
-    """A platform's reply behind the fence, shown while it is written (a ``LiveReply``)."""
+    """A platform's reply behind the fence (a ``LiveReply``): shown while it is written, in
+    one message, or in as many as its length takes (``pieces``), each posted once and then
+    only edited."""
 
-    def __init__(self, fence: Fence, platform: PlatformReply) -> None:
+    def __init__(self, fence: Fence, platform: PlatformReply, max_chars: int) -> None:
         self.fence = fence
         self.platform = platform
-        self.ref: str | None = None  # the message showing the reply
-        self.shown: str | None = None  # what it shows, as far as this process knows
+        self.max_chars = max_chars
+        self.refs: list[str] = []  # the messages showing the reply, in order
+        self.shown: list[str | None] = []  # what each shows, as far as this process knows
 
     @property
     def editing(self) -> bool:
-        return self.ref is not None
+        return bool(self.refs)
 
     @property
     def showing(self) -> str | None:
-        return self.shown
+        known = [text for text in self.shown if text is not None]
+        return "".join(known) if self.refs and len(known) == len(self.shown) else None
 
     async def typing(self) -> None:
         await self.platform.typing()  # cosmetic: no fence needed
 
     async def show(self, text: str) -> None:
-        """Post the first text, edit the message after; a retry finds the message an
-        earlier holder posted and edits that one."""
-        left, ref = await self.fence.check()
-        if left:
-            return
-        ref = ref or self.ref
-        if ref is None:
-            self.ref = await self.platform.post(text)
-            self.shown = text
-            await self.fence.mark(self.ref)
-            return
-        self.ref = ref
-        await self._edit(ref, text)
+        """The text so far: the first words posted, the messages edited after; a retry
+        edits the messages an earlier holder posted (found in the fence's record)."""
+        if not await self._resumed():
+            await self._write(text, whole=False)
 
     async def __call__(self, text: str) -> None:
-        """The whole reply: the last edit of the message showing it, or one new message."""
-        left, ref = await self.fence.check()
-        if left:
-            return
-        ref = ref or self.ref
-        if ref is None:
-            await self.platform(text)
-        else:
-            await self._edit(ref, text)
-        self.shown = text
-        await self.fence.mark()
+        """The whole reply: the last edits of the messages showing it, new ones for the
+        rest (one new message when nothing was shown)."""
+        if not await self._resumed():
+            await self._write(text, whole=True)
+            await self.fence.mark()
 
-    async def _edit(self, ref: str, text: str) -> None:
-        if text != self.shown:  # never an edit to the same text (Telegram refuses it)
-            await self.platform.edit(ref, text)
-            self.shown = text
+    async def _resumed(self) -> bool:
+        """Check the fence; True when the whole reply left already."""
+        left, refs = await self.fence.check()
+        if not self.refs and refs:  # posted by an earlier holder: what they show is unknown
+            self.refs, self.shown = refs, [None] * len(refs)
+        return left
+
+    async def _write(self, text: str, whole: bool) -> None:
+        parts = pieces(text, self.max_chars)
+        for index, part in enumerate(parts):
+            if not part.strip():  # nothing to show in it (yet)
+                break
+            if index < len(self.refs):
+                if part != self.shown[index]:  # never an edit to the same text
+                    await self.platform.edit(self.refs[index], part)
+                    self.shown[index] = part
+                continue
+            self.refs.append(await self.platform.post(part, first=index == 0))
+            self.shown.append(part)
+            if not (whole and index == len(parts) - 1):  # (the whole reply is marked next)
+                await self.fence.mark(self.refs)

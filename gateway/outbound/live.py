@@ -45,8 +45,9 @@ class PlatformReply(abc.ABC):
         """Show that the bot is writing (a platform without an indicator does nothing)."""
 
     @abc.abstractmethod
-    async def post(self, text: str) -> str:
-        """Send a new message; its platform id (what ``edit`` takes)."""
+    async def post(self, text: str, *, first: bool = True) -> str:
+        """Send a new message; its platform id (what ``edit`` takes). ``first``: the reply's
+        first message (a retry may find it on the platform), not a continuation."""
 
     @abc.abstractmethod
     async def edit(self, ref: str, text: str) -> None:
@@ -55,8 +56,9 @@ class PlatformReply(abc.ABC):
 
 @runtime_checkable
 class LiveReply(Protocol):
-    """A reply the chat sees while it is written (one message, then edits of it). Calling
-    it delivers the whole text: an edit of the message shown so far, else a new message."""
+    """A reply the chat sees while it is written (one message, then edits of it; a text
+    longer than a message holds goes on in the next). Calling it delivers the whole text:
+    edits of the messages shown so far, and new ones for what they do not hold."""
 
     async def __call__(self, text: str) -> None: ...
     async def typing(self) -> None: ...
@@ -67,7 +69,7 @@ class LiveReply(Protocol):
         ...
     @property
     def showing(self) -> str | None:
-        """The text that message shows, as far as this process knows."""
+        """The text those messages show together, as far as this process knows."""
         ...
 
 
@@ -75,15 +77,14 @@ class LiveReply(Protocol):
 class Pace:
     """How fast a live reply may change: the ``rl:`` buckets each edit passes, those a
     typing indicator passes (the bot's: it is no message, so it takes nothing from the
-    chat's), the least time between two edits, how often typing is renewed (a Telegram
-    indicator lasts about 5 s) and the characters one message holds."""
+    chat's), the least time between two edits, and how often typing is renewed (a Telegram
+    indicator lasts about 5 s)."""
 
     limiter: Limiter
     limits: list[tuple[str, Rate]]
     typing_limits: list[tuple[str, Rate]]
     interval: float = 1.0
     typing_every: float = 4.0
-    max_chars: int = 4096
 
     async def admit(self, unless: asyncio.Event) -> bool:
         """Wait until an edit may go; False (nothing taken from a bucket still waited for)
@@ -108,8 +109,26 @@ class Pace:
 
 
 def fit(text: str, max_chars: int) -> str:
-    """``text`` cut to what one message holds, ending in an ellipsis when cut."""
+    """``text`` cut to what one message holds, ending in an ellipsis when cut (for a
+    destination that takes one message)."""
     return text if len(text) <= max_chars else text[:max_chars - 1] + ELLIPSIS
+
+
+def pieces(text: str, max_chars: int) -> list[str]:
+    """``text`` as the messages it takes, each at most ``max_chars``: a full piece ends
+    after its last newline, else its last space, when one is in its second half. A piece
+    depends only on the text up to its end, so as a text grows its last piece grows and
+    new ones follow; the pieces joined are the text."""
+    parts: list[str] = []
+    while len(text) > max_chars:
+        window = text[:max_chars]
+        cut = window.rfind("\n", max_chars // 2)
+        if cut < 0:
+            cut = window.rfind(" ", max_chars // 2)
+        end = cut + 1 if cut >= 0 else max_chars
+        parts.append(text[:end])
+        text = text[end:]
+    return [*parts, text]
 
 
 def ending(written: str, failed: bool, apology: str) -> str:
@@ -204,7 +223,7 @@ async def _edit_while_written(written: _Written, live: LiveReply, pace: Pace) ->
         # The reader goes on meanwhile, so the edit shows all written until it is admitted.
         if not await pace.admit(written.done):
             break
-        text = fit(written.text, pace.max_chars)
+        text = written.text
         not_before = loop.time() + pace.interval
         if text != shown:
             try:

@@ -2,11 +2,13 @@
 against the Telegram fake with the real bot library, real Redis and PostgreSQL: a stream that
 fails ends in what was written and the apology; a reply interrupted mid-stream and retried by
 the next holder ends in the same message (and a retry that lost the message id finds it on
-Slack and Mattermost); a caller without a live reply gets the whole text once."""
+Slack and Mattermost); a reply longer than a message goes on in the next; a caller without a
+live reply gets the whole text once."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ from gateway.inbound.chat_guard import Guard
 from gateway.inbound.mattermost.component import CREATED_AT, POST_ID, MattermostBot
 from gateway.inbound.slack import SlackBot, SlackReply
 from gateway.inbox.entry import Entry
+from gateway.outbound.live import pieces
 from gateway.stores.runtime import Runtime, open_runtime
 from tests.conversations import scripted
 from tests.conversations.fast import with_sections
@@ -58,6 +61,39 @@ async def test_a_failing_stream_ends_in_what_was_written_and_the_apology(
         assert chat.shown() == [[APOLOGY]]  # nothing before it: no message until then
     await wait_until(lambda: bot_replies(runtime), message="reply stored")
     assert await bot_replies(runtime) == [ending]
+
+
+@pytest.mark.parametrize("chat", ["telegram"], indirect=True)
+async def test_a_reply_longer_than_a_message_goes_on_in_the_next(
+        chat: Chat, script: scripted.Script, runtime: Runtime) -> None:
+    """Telegram holds 4096 characters a message: 6,000 go in two, cut after a space, each
+    posted once and then only edited; together they show exactly the whole text."""
+    script.deltas = [f"{i:02d}" + "x" * 97 + " " for i in range(60)]
+    script.every = 0.02
+    await chat.start(sections())
+    await chat.say("a long one please")
+    tail = pieces(script.text, 4096)[-1]
+    await chat.wait_for_text(tail)
+    first, second = chat.shown()  # two messages, no third
+    assert first[-1] + second[-1] == script.text
+    assert len(first[-1]) <= 4096 and first[-1].endswith(" ")
+    assert all(len(text) <= 4096 for texts in chat.shown() for text in texts)
+    assert len(chat.replies()) == len(first) + len(second)  # no edit refused
+    await wait_until(lambda: bot_replies(runtime), message="reply stored")
+    assert await bot_replies(runtime) == [script.text]
+
+
+def test_pieces_are_cut_after_a_newline_else_a_space_else_at_the_limit() -> None:
+    assert pieces("short", 10) == ["short"]
+    assert pieces("aaaa bbbb\ncc dd", 10) == ["aaaa bbbb\n", "cc dd"]
+    assert pieces("aaa bbb ccc ddd", 10) == ["aaa bbb ", "ccc ddd"]
+    assert pieces("a" * 25, 10) == ["a" * 10, "a" * 10, "a" * 5]
+    assert pieces("a bbbbbbbbbbbb", 10) == ["a bbbbbbbb", "bbbb"]  # no space in 2nd half
+    text = " ".join(f"w{i}" for i in range(200))
+    grown = [pieces(text[:n], 50) for n in range(len(text) + 1)]
+    for before, after in itertools.pairwise(grown):  # earlier pieces never change
+        assert after[:len(before) - 1] == before[:-1]
+        assert "".join(after) == "".join(before) + text[len("".join(before))]
 
 
 async def test_a_reply_interrupted_midway_is_finished_in_the_same_message(

@@ -82,7 +82,8 @@ class MattermostBot:
 
     async def earlier_reply(self, channel_id: str, post_id: str,
                             created_at: int) -> Post | None:
-        """Our reply to ``post_id`` in the channel (posted after it), if there is one."""
+        """Our reply to ``post_id`` in the channel (posted after it), its first post (a long
+        one goes on in more), if there is one."""
         assert self.client is not None
         me = self.listener.bot_user_id or str((await self.client.me())["id"])
         replies = await self.client.posts_since(channel_id, created_at - 1)
@@ -125,9 +126,9 @@ class MattermostReply(PlatformReply):
     async def typing(self) -> None:
         await self.client.typing(self.incoming.chat, self.incoming.thread)
 
-    async def post(self, text: str) -> str:
+    async def post(self, text: str, *, first: bool = True) -> str:
         """A new post; on a retry, the earlier reply brought to ``text`` instead."""
-        if self.retried and self.post_id:
+        if self.retried and first and self.post_id:
             earlier = await self.bot.earlier_reply(self.incoming.chat, self.post_id,
                                                    self.created_at)
             if earlier is not None:
