@@ -31,6 +31,7 @@ from gateway.config import ConfigError
 LOCAL = "local"
 LOCAL_MODEL = "l2_supercat"
 LOCAL_DIMENSIONS = 256
+MODEL_RUN = 8  # texts per pass through the model (measured: see ``embed_now``)
 # Model ids are written into SQL as literals (partial-index predicates must be constants).
 _MODEL_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,200}@[0-9]{1,6}$")
 
@@ -81,10 +82,17 @@ class LocalEmbedder:
             return self._model
 
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
-        """On the calling thread (benchmarks, and the embed thread itself)."""
+        """On the calling thread (benchmarks, and the embed thread itself). The model pads
+        each run of texts to the longest one and gathers a (texts, tokens, 256) array: runs
+        of 8 are fastest here (2,060 chunks/s against 850 at its default of 64, which
+        allocates ~13 MB per run), and texts go in by length and come back in their order."""
         if not texts:
             return np.zeros((0, LOCAL_DIMENSIONS), dtype=np.float32)
-        return normalise(self._load().embed(list(texts), norm=False))
+        order = np.argsort([len(text) for text in texts], kind="stable")
+        found = np.empty((len(texts), LOCAL_DIMENSIONS), dtype=np.float32)
+        found[order] = self._load().embed([texts[i] for i in order], norm=False,
+                                          batch_size=MODEL_RUN)
+        return normalise(found)
 
     async def embed(self, texts: Sequence[str], **usage: Any) -> np.ndarray:
         loop = asyncio.get_running_loop()

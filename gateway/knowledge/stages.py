@@ -7,7 +7,10 @@ so a stage's rows and its journal entry commit together or not at all.
 
 from __future__ import annotations
 
+import itertools
 import re
+
+import numpy as np
 
 from gateway.knowledge import embedders, embedding, remote, search, vectors
 from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
@@ -78,24 +81,47 @@ async def chunk(ctx: StageContext) -> None:
         [(ctx.item_id, i, part) for i, part in enumerate(parts)])
 
 
+_CHUNKS = """
+SELECT item_id, seq, body FROM pipeline_chunks WHERE item_id = ANY($1::text[])
+ORDER BY item_id, seq
+"""
+
+
 async def embed(ctx: StageContext) -> None:
-    """A vector per chunk from the configured embedder (a document's chunks together: in
-    batches for a provider), recorded with the model that made it; a spent budget delays
-    the item. New vectors change search answers, so the search cache generation moves on
-    after the commit."""
-    rows = await ctx.conn.fetch(
-        "SELECT seq, body FROM pipeline_chunks WHERE item_id = $1 ORDER BY seq", ctx.item_id)
+    """A vector per chunk from the configured embedder, recorded with the model that made
+    it; a spent budget delays the item. New vectors change search answers, so the search
+    cache generation moves on after the commit."""
+    await embed_many([ctx])
+
+
+async def embed_many(contexts: list[StageContext]) -> None:
+    """``embed`` for a batch's items at once (one transaction, ``contexts[0].conn``): one
+    read, one write, and for the local model one call for all their chunks (the stage's
+    cost besides the model is per statement, not per chunk). A provider's calls stay per
+    item, each charged to its item."""
+    ctx = contexts[0]
+    rows = await ctx.conn.fetch(_CHUNKS, [c.item_id for c in contexts])
     if not rows:
         return
     embedder = embedders.for_runtime(ctx.runtime)
     try:
-        found = await embedder.embed([r["body"] for r in rows], job=ctx.item_id)
+        if isinstance(embedder, embedding.LocalEmbedder):
+            found = await embedder.embed([r["body"] for r in rows])
+        else:
+            found = np.vstack([await embedder.embed([r["body"] for r in group], job=item)
+                               for item, group in itertools.groupby(
+                                   rows, key=lambda r: r["item_id"])])
     except OverBudget as exc:  # it waits for the budget; it has done nothing wrong
         raise Deferred(remote.budget_delay(ctx.runtime.settings), str(exc)) from exc
     model = embedding.model_id(embedder.name, found.shape[1])
     await vectors.ensure_index(ctx.runtime, model, found.shape[1])
-    await vectors.write(ctx.conn, ctx.runtime, ctx.item_id, [r["seq"] for r in rows], found, model)
-    ctx.after_commit.append(search.invalidator(ctx.runtime.cache))
+    await vectors.write(ctx.conn, ctx.runtime, [(r["item_id"], r["seq"]) for r in rows],
+                        found, model)
+    for each in contexts:
+        each.after_commit.append(search.invalidator(ctx.runtime.cache))
+
+
+embed.many = embed_many  # type: ignore[attr-defined]
 
 
 def extract_edges(text: str) -> set[tuple[str, str]]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pgvector import Vector
 
 log = logging.getLogger("gateway.knowledge")
 
@@ -103,25 +104,31 @@ async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
     done.add(model)
 
 
-async def write(conn: Any, runtime: Any, item_id: str, seqs: Sequence[int], rows: np.ndarray,
-                model: str) -> None:
+async def write(conn: Any, runtime: Any, chunks: Sequence[tuple[str, int]],
+                rows: np.ndarray, model: str) -> None:
     """Store one vector per chunk ``(item_id, seq)``, recording the model that made it: one
-    statement whatever the number of chunks, the rows sent as one flat vector (binary, with
-    pgvector) and cut by the server. Measured: half the client CPU of a statement per
-    chunk, which is most of this stage's cost beside the model."""
-    pgvector = (await layout(runtime)).pgvector
-    await conn.execute(_WRITE_VECTOR if pgvector else _WRITE_ARRAY, item_id, list(seqs),
-                       rows.ravel() if pgvector else rows.ravel().tolist(), rows.shape[1],
-                       model)
+    statement whatever the number of chunks. With pgvector the rows go as a binary
+    ``vector[]``; for the scan, as one flat ``real[]`` cut by the server (a statement per
+    chunk cost twice the client CPU, most of this stage's cost beside the model)."""
+    items, seqs = [item for item, _ in chunks], [seq for _, seq in chunks]
+    if (await layout(runtime)).pgvector:
+        await conn.execute(_WRITE_VECTORS, items, seqs, [Vector(row) for row in rows], model)
+    else:
+        await conn.execute(_WRITE_ARRAY, items, seqs, rows.ravel().tolist(), model,
+                           rows.shape[1])
 
 
-_WRITE = """
-UPDATE pipeline_chunks c SET embedding = {value}, embedder = $5
-FROM unnest($2::int[]) WITH ORDINALITY AS v(seq, i)
-WHERE c.item_id = $1 AND c.seq = v.seq
+_WRITE_VECTORS = """
+UPDATE pipeline_chunks c SET embedding = v.e, embedder = $4
+FROM unnest($1::text[], $2::int[], $3::vector[]) AS v(item_id, seq, e)
+WHERE c.item_id = v.item_id AND c.seq = v.seq
 """
-_WRITE_VECTOR = _WRITE.format(value="subvector($3::vector, ((v.i - 1) * $4 + 1)::int, $4::int)")
-_WRITE_ARRAY = _WRITE.format(value="(($3::real[])[(v.i - 1) * $4 + 1 : v.i * $4])::float8[]")
+_WRITE_ARRAY = """
+UPDATE pipeline_chunks c SET embedding = (($3::real[])[(v.i - 1) * $5 + 1 : v.i * $5])::float8[],
+    embedder = $4
+FROM unnest($1::text[], $2::int[]) WITH ORDINALITY AS v(item_id, seq, i)
+WHERE c.item_id = v.item_id AND c.seq = v.seq
+"""
 
 
 def nearest_sql(pgvector: bool, model: str, dimensions: int) -> str:

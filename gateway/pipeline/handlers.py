@@ -49,6 +49,11 @@ class StageContext:
 
 
 Handler = Callable[[StageContext], Awaitable[None]]
+# Optional: a handler with an attribute ``many`` (``async def many(ctxs: list[StageContext])``)
+# is given a batch's items in one call when there are several (the embed stage embeds all
+# their chunks at once). If it raises, the batch is redone one item per transaction with
+# the handler itself, so one bad item is still found and failed alone.
+BatchHandler = Callable[[list[StageContext]], Awaitable[None]]
 
 def resolve(spec: str) -> Handler:
     module_name, sep, name = spec.partition(":")

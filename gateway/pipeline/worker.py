@@ -242,26 +242,38 @@ class StageWorker:
                 fresh |= await self._new_runs(conn, [(lease, name) for lease, name
                                                      in zip(leases, names, strict=True)
                                                      if lease.item_id not in fresh])
-            done = []
-            for lease, (priority, doc_type) in zip(leases, names, strict=True):
-                if lease.item_id not in fresh:
-                    continue
-                ctx = StageContext(lease.item_id, self.stage, priority, doc_type,
-                                   lease.document, conn, self.runtime)
-                started = time.perf_counter()
-                try:
-                    await self.handler(ctx)
-                except Exception as exc:
-                    raise HandlerFailed(exc) from exc
-                metrics.HANDLER_SECONDS.labels(self.stage).observe(time.perf_counter() - started)
+            done = [lease for lease in leases if lease.item_id in fresh]
+            contexts = [StageContext(lease.item_id, self.stage, priority, doc_type,
+                                     lease.document, conn, self.runtime)
+                        for lease, (priority, doc_type) in zip(leases, names, strict=True)
+                        if lease.item_id in fresh]
+            await self._handle(contexts)
+            for ctx in contexts:
                 callbacks += ctx.after_commit
-                done.append(lease)
             # Feed rows without offsets, one statement for the batch: nothing shared is
             # locked, so the loops and processes of every stage commit side by side.
             written = await feed.append_pending(conn, FEED_TOPIC, [
                 (self.stage, {"item_id": lease.item_id, "stage": self.stage})
                 for lease in done])
         return written, callbacks
+
+    async def _handle(self, contexts: list[StageContext]) -> None:
+        """Each item's handler in turn, or all at once through its ``many``."""
+        many = getattr(self.handler, "many", None)
+        groups = [contexts] if many is not None and len(contexts) > 1 else [
+            [ctx] for ctx in contexts]
+        for group in groups:
+            started = time.perf_counter()
+            try:
+                if many is not None and len(group) > 1:
+                    await many(group)
+                else:
+                    await self.handler(group[0])
+            except Exception as exc:
+                raise HandlerFailed(exc) from exc
+            elapsed = (time.perf_counter() - started) / len(group)
+            for _ in group:
+                metrics.HANDLER_SECONDS.labels(self.stage).observe(elapsed)
 
     async def _sequence(self) -> None:
         """Number and signal the committed feed rows (with whatever other loops committed
