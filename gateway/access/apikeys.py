@@ -66,12 +66,7 @@ class _Row:
     principal: Principal
     revoked: bool
     read_at: float
-
-    @property
-    def deferred(self) -> Principal:
-        """The principal with its revocation mark left for the route to check."""
-        return dataclasses.replace(self.principal,
-                                   revocation_mark=keys.revoked_key(self.principal.id))
+    deferred: Principal  # the principal with its revocation mark left for the route to check
 
 
 class ApiKeys:
@@ -108,10 +103,11 @@ class ApiKeys:
                                          " FROM api_keys WHERE id = $1", key_id)
         if found is None:
             return None
-        row = _Row(bytes(found["key_hash"]),
-                   Principal("apikey", key_id, frozenset(found["scopes"]),
-                             tuple(found["topics"])),
-                   found["revoked_at"] is not None, time.monotonic())
+        principal = Principal("apikey", key_id, frozenset(found["scopes"]),
+                              tuple(found["topics"]))
+        row = _Row(bytes(found["key_hash"]), principal, found["revoked_at"] is not None,
+                   time.monotonic(), dataclasses.replace(
+                       principal, revocation_mark=keys.revoked_key(key_id)))
         self._rows.put(key_id, row)
         return row
 
