@@ -15,6 +15,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
+
 from gateway import keys
 from gateway.push import metrics
 from gateway.stores.redis import AnyRedis
@@ -80,6 +82,11 @@ async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
             if len(signals) == 1:
                 await cache.publish(*_publish_args(signals[0]))
+            elif isinstance(cache, RedisCluster):
+                # A cluster pipeline cannot route keyless PUBLISH; one after another keeps
+                # the signals in offset order (a round trip each, on a cluster only).
+                for signal in signals:
+                    await cache.publish(*_publish_args(signal))
             else:
                 async with cache.pipeline(transaction=False) as pipe:
                     for signal in signals:
