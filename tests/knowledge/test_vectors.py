@@ -145,3 +145,13 @@ async def test_doctor_says_which_search(runtime, scan_runtime) -> None:
     scan = [(c.status, c.message) for c in await doctor.check_postgres(
         scan_runtime.settings.database_url) if c.subject == "search"]
     assert len(scan) == 1 and scan[0][0] == "warn" and "scans every chunk" in scan[0][1]
+
+
+async def test_a_long_document_is_embedded_whole(any_runtime) -> None:
+    """100 chunks: 25,600 floats in one write (more than one pgvector vector can hold)."""
+    text = "\n\n".join(f"Section {i}: " + "the queue keeps its order " * 17 for i in range(100))
+    await index(any_runtime, "long", text)
+    counts = await any_runtime.pg.fetchrow(
+        "SELECT count(*) AS chunks, count(*) FILTER (WHERE embedder IS NOT NULL) AS embedded"
+        " FROM pipeline_chunks WHERE item_id = 'long'")
+    assert tuple(counts) == (100, 100)
