@@ -30,14 +30,13 @@ from gateway.conversations.model import chat_key
 from gateway.conversations.store import Message
 from gateway.providers import (
     Charge,
-    ModelProviders,
     OverBudget,
     budgets,
     estimate_tokens,
     provider_configs,
+    shared_providers,
 )
 from gateway.providers.client import Message as ChatMessage
-from gateway.stores.runtime import Runtime
 
 DEFAULT_HISTORY_TOKENS = 2000
 MAX_HISTORY_MESSAGES = 500
@@ -135,11 +134,3 @@ class LlmHandler:
             await stream.aclose()  # an interrupted reply closes the provider's response
 
 
-def shared_providers(runtime: Runtime) -> ModelProviders:
-    """The process's model providers under ``runtime.shared["providers"]`` (the key the
-    embedder uses too): one HTTP session for every caller, closed with the runtime."""
-    if "providers" not in runtime.shared:
-        runtime.shared["providers"] = ModelProviders.from_settings(
-            runtime.settings, runtime.durable, runtime.pg)
-    found: ModelProviders = runtime.shared["providers"]
-    return found

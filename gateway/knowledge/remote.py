@@ -18,7 +18,7 @@ import numpy as np
 from gateway.config import ConfigError
 from gateway.knowledge import embedding
 from gateway.knowledge.embedding import normalise
-from gateway.providers import Charge, ModelProviders
+from gateway.providers import Charge, shared_providers
 
 BATCH = 64
 BUDGET_DELAY_SECONDS = 300.0
@@ -37,15 +37,6 @@ def budget_delay(settings: Any) -> float:
                      BUDGET_DELAY_SECONDS)
 
 
-def providers(runtime: Any) -> ModelProviders:
-    """The process's model providers (one HTTP session), closed with the runtime."""
-    found = runtime.shared.get("providers")
-    if found is None:
-        found = ModelProviders.from_settings(runtime.settings, runtime.durable, runtime.pg)
-        runtime.shared["providers"] = found
-    return found
-
-
 class ProviderEmbedder:
     """One provider's model; ``name`` is the configured ``"<provider>:<model>"``."""
 
@@ -56,7 +47,7 @@ class ProviderEmbedder:
         except ValueError as exc:
             raise ConfigError("GATEWAY_CONFIG [pipeline].embedder", str(exc)) from None
         self.name = spec
-        self.chain = providers(runtime).chain([provider])
+        self.chain = shared_providers(runtime).chain([provider])
         self.batch = int(_positive(runtime.settings.section("pipeline"), "embed_batch", BATCH))
 
     async def embed(self, texts: Sequence[str], *, job: str | None = None,

@@ -36,7 +36,7 @@ from gateway.providers.errors import (
     Rejected,
     Unavailable,
 )
-from gateway.providers.registry import ModelProviders
+from gateway.providers.registry import ModelProviders, shared_providers
 from gateway.providers.usage import (
     GROUPS,
     Budgets,
@@ -71,6 +71,7 @@ __all__ = [
     "budgets",
     "estimate_tokens",
     "provider_configs",
+    "shared_providers",
     "start_of_day",
     "usage_report",
 ]

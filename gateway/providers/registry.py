@@ -5,6 +5,7 @@ the usage ledger, and chains built from names (``[conversations] providers = ["a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -59,3 +60,17 @@ class ModelProviders:
         self._clients.clear()
         if session is not None:
             await session.close()
+
+
+SHARED_KEY = "providers"
+
+
+def shared_providers(runtime: Any) -> ModelProviders:
+    """The process's model providers, under ``runtime.shared["providers"]``: one HTTP session
+    for every caller (the embedder, the chat handler), closed with the runtime."""
+    found = runtime.shared.get(SHARED_KEY)
+    if found is None:
+        found = ModelProviders.from_settings(runtime.settings, runtime.durable, runtime.pg)
+        runtime.shared[SHARED_KEY] = found
+    assert isinstance(found, ModelProviders)
+    return found
