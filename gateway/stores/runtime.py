@@ -24,6 +24,9 @@ CLOSE_SECONDS = 10.0
 READ_REDIS_CONNECTIONS = 16
 READ_PG_CONNECTIONS = 4
 READ_WAIT_SECONDS = 2.0
+# A client read's statement is cancelled after this (503 + Retry-After): a stalled or locked
+# database gives the reader a fast answer; the record's own writers keep the 30 s budget.
+READ_STATEMENT_SECONDS = 5.0
 
 
 @dataclass
@@ -102,8 +105,8 @@ async def open_runtime(settings: Settings, *, pg_max_size: int = 10) -> Runtime:
     pools: list[asyncpg.Pool] = []
     try:
         pools.append(await create_pool(database_url, max_size=pg_max_size))
-        pools.append(await create_pool(database_url, min_size=0,
-                                       max_size=READ_PG_CONNECTIONS))
+        pools.append(await create_pool(database_url, min_size=0, max_size=READ_PG_CONNECTIONS,
+                                       command_timeout=READ_STATEMENT_SECONDS))
     except BaseException:
         for pool in pools:
             pool.terminate()

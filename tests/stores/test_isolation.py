@@ -17,7 +17,12 @@ import pytest
 
 from gateway.pipeline.status import ready_items
 from gateway.stores import redis as redis_clients
-from gateway.stores.runtime import READ_WAIT_SECONDS, Runtime, open_runtime
+from gateway.stores.runtime import (
+    READ_STATEMENT_SECONDS,
+    READ_WAIT_SECONDS,
+    Runtime,
+    open_runtime,
+)
 from gateway.web.app import create_app
 from tests.inbound.webhook_helpers import body_of, standard
 
@@ -84,3 +89,20 @@ async def test_a_stalled_durable_instance_gives_fast_503s(
             "webhook:demo:before-stall", "webhook:demo:during-stall"]
     finally:
         await rt.close()
+
+
+async def test_a_locked_database_gives_readers_a_fast_503(
+        make_client: Callable[..., Any], runtime: Runtime) -> None:
+    """A client read waits at most the read pool's statement budget, then 503."""
+    client = await make_client()
+    async with client.get("/v1/feed?topic=pipeline") as before:
+        assert before.status == 200
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        await conn.execute("LOCK TABLE feed_topics IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        async with client.get("/v1/feed?topic=pipeline") as read:
+            assert read.status == 503 and read.headers["Retry-After"]
+        elapsed = time.monotonic() - started
+        assert READ_STATEMENT_SECONDS - 0.5 < elapsed < READ_STATEMENT_SECONDS + 3, elapsed
+    async with client.get("/v1/feed?topic=pipeline") as after:
+        assert after.status == 200
