@@ -10,11 +10,15 @@ child, which stops as a single serve does (``/readyz`` 503, socket closed, strea
 ``shutdown``, requests finished), and waits for all of them. A child that exits with an
 error status within ``EARLY_EXIT_SECONDS`` of its start failed to start (a refused topology,
 a bad configuration): the others are stopped and its status is the supervisor's. Any other
-end of a child (killed, or failing later) is replaced after ``RESTART_DELAY_SECONDS``.
+end of a child (killed, or failing later) is replaced after ``RESTART_DELAY_SECONDS``. A
+child gets SIGTERM when the supervisor dies, however it dies (Linux), so none outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import signal
 import socket
@@ -31,6 +35,17 @@ RESTART_DELAY_SECONDS = 1.0
 # A child's own stop takes at most its request grace plus its services' (serve.py); past
 # this the supervisor kills what is left.
 STOP_SECONDS = 60.0
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the supervisor dies, even by SIGKILL,
+    so no serve process outlives it unsupervised; elsewhere nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _reserve_port(host: str) -> socket.socket:
@@ -60,7 +75,7 @@ class Supervisor:
         return argv
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(self.argv(index))
+        child = subprocess.Popen(self.argv(index), preexec_fn=_die_with_parent)
         log.info("serve process %d started (pid %d)", index, child.pid)
         return child
 

@@ -171,3 +171,16 @@ def test_a_child_that_cannot_start_stops_the_supervisor_with_its_status(
     assert result.returncode == 1
     assert "refusing to start" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_children_stop_when_the_supervisor_is_killed(
+        supervisor: tuple[Process, int]) -> None:
+    """SIGKILL leaves the supervisor no time to pass anything on: the children still stop
+    (their parent-death signal is SIGTERM), rather than serving on unsupervised."""
+    proc, port = supervisor
+    children = _listeners(proc.pid, port)
+    assert len(children) == 2
+    proc.kill()
+    await proc.wait()
+    await wait_until(lambda: all(_state(c) in ("gone", "Z") for c in children), timeout=30,
+                     message="both children stopped after the supervisor died")
