@@ -368,16 +368,22 @@ def jobs_runs(root: Path, env: dict[str, str], gateway_cmd: list[str], port: int
                   f"{extra / results[name].cpu_us:.0%} (over the admin token's; target <= 10 %)")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def wrk_parser(doc: str | None, duration: int, ids: int) -> argparse.ArgumentParser:
+    """The options of a wrk benchmark against one pinned server (this one and replay.py)."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--duration", type=int, default=duration)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--load-core", type=int, default=1)
-    parser.add_argument("--ids", type=int, default=200_000, help="pre-signed ids per round")
+    parser.add_argument("--ids", type=int, default=ids, help="pre-signed ids per run")
+    return parser
+
+
+def main() -> int:
+    parser = wrk_parser(__doc__, duration=10, ids=200_000)
     parser.add_argument("--naive", action="store_true",
                         help="also run a handler doing one un-batched redis-py SET per request")
     parser.add_argument("--jobs", action="store_true",

@@ -14,7 +14,6 @@ and the ratios window/no window.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -76,16 +75,7 @@ def deliveries(path: Path, prefix: str, count: int, same_body: bool) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--server-core", type=int, default=0)
-    parser.add_argument("--load-core", type=int, default=1)
-    parser.add_argument("--ids", type=int, default=100_000, help="pre-signed deliveries per run")
-    args = parser.parse_args()
+    args = ingest.wrk_parser(__doc__, duration=8, ids=100_000).parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("bench: needs wrk (apt-get install -y wrk)")
     root = Path(tempfile.mkdtemp(prefix="gwr-"))
