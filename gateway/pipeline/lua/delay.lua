@@ -4,10 +4,8 @@
 -- KEYS: lease, deadline, delayed, meta, stats   ARGV: item, token, delay_ms
 -- Returns {'delayed', ready_at_ms}, or -1 / -2 like HEARTBEAT.
 local item = ARGV[1]
-local code = check_lease(KEYS[1], item, ARGV[2])
+local code = end_lease(KEYS[1], KEYS[2], item, ARGV[2])
 if code ~= 1 then return code end
-redis.call('HDEL', KEYS[1], item)
-redis.call('ZREM', KEYS[2], item)
 local m = meta_get(KEYS[4], item)
 m.status = 'w'
 meta_put(KEYS[4], item, m)

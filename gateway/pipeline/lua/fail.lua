@@ -4,11 +4,9 @@
 -- ARGV: item, token, max_failures, base_ms, cap_ms, jitter (0..1 from the client), reason
 -- Returns {'retry', ready_at_ms} or {'dead', now_ms}, or -1 / -2 like HEARTBEAT.
 local item = ARGV[1]
-local code = check_lease(KEYS[1], item, ARGV[2])
+local code = end_lease(KEYS[1], KEYS[2], item, ARGV[2])
 if code ~= 1 then return code end
 local now = now_ms()
-redis.call('HDEL', KEYS[1], item)
-redis.call('ZREM', KEYS[2], item)
 local m = meta_get(KEYS[5], item)
 m.failures = m.failures + 1
 redis.call('HINCRBY', KEYS[6], 'failed', 1)

@@ -3,10 +3,8 @@
 -- KEYS: lease, deadline, meta, ready lists...   ARGV: item, token, epoch_ms
 -- Returns 1, or -1 (no lease) / -2 (another token holds it).
 local item = ARGV[1]
-local code = check_lease(KEYS[1], item, ARGV[2])
+local code = end_lease(KEYS[1], KEYS[2], item, ARGV[2])
 if code ~= 1 then return code end
-redis.call('HDEL', KEYS[1], item)
-redis.call('ZREM', KEYS[2], item)
 local m = meta_get(KEYS[3], item)
 m.status = 'q'
 meta_put(KEYS[3], item, m)

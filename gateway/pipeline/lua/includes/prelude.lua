@@ -105,6 +105,17 @@ local function check_lease(lease_key, item, token)
   return 1, raw
 end
 
+-- The token holder's item leaves its lease: answers 1 with the lease and deadline entries
+-- removed, or -1 / -2 as check_lease with nothing written.
+local function end_lease(lease_key, deadline_key, item, token)
+  local code = check_lease(lease_key, item, token)
+  if code == 1 then
+    redis.call('HDEL', lease_key, item)
+    redis.call('ZREM', deadline_key, item)
+  end
+  return code
+end
+
 local function dead_letter(dead_key, meta_key, stats_key, item, m, reason, now)
   m.status = 'x'
   meta_put(meta_key, item, m)
