@@ -87,10 +87,27 @@ app.router.add_get("/healthz", ok)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
 
-WRK_SCRIPT = """
-local lines, i, ts, body, threads = {}, 0, nil, nil, {}
+# wrk Lua shared by the signed-delivery scripts (this one and replay.py's): a tally of
+# answers by status, printed as "status <code> <n>" lines for parse_wrk.
+STATUS_TALLY = """
+local threads = {}
 counts = {}  -- global: done() reads it through thread:get
 function setup(thread) table.insert(threads, thread) end
+function response(status, headers, body)
+  counts[status] = (counts[status] or 0) + 1
+end
+function done(summary, latency, requests)
+  for _, t in ipairs(threads) do
+    for _, code in ipairs({200, 202, 400, 401, 429, 503, 500}) do
+      local n = t:get("counts")[code]
+      if n then io.write(string.format("status %d %d\\n", code, n)) end
+    end
+  end
+end
+"""
+
+WRK_SCRIPT = STATUS_TALLY + """
+local lines, i, ts, body = {}, 0, nil, nil
 function init(args)
   for line in io.lines(args[1]) do lines[#lines + 1] = line end
   ts = args[2]
@@ -101,17 +118,6 @@ function request()
   local id, sig = string.match(lines[(i - 1) % #lines + 1], "^(%S+) (.+)$")
   return wrk.format("POST", nil, {["Content-Type"] = "application/json",
     ["webhook-id"] = id, ["webhook-timestamp"] = ts, ["webhook-signature"] = sig}, body)
-end
-function response(status, headers, body)
-  counts[status] = (counts[status] or 0) + 1
-end
-function done(summary, latency, requests)
-  for _, t in ipairs(threads) do
-    for _, code in ipairs({200, 202, 401, 429, 503, 500}) do
-      local n = t:get("counts")[code]
-      if n then io.write(string.format("status %d %d\\n", code, n)) end
-    end
-  end
 end
 """
 

@@ -33,10 +33,8 @@ from gateway.stores.migrate import migrate_url
 
 SECRET = "bench-github-secret"
 # One request per line: "<delivery id>\t<signature>\t<body>" (the bodies hold no tab).
-WRK_SCRIPT = """
-local lines, i, threads = {}, 0, {}
-counts = {}
-function setup(thread) table.insert(threads, thread) end
+WRK_SCRIPT = ingest.STATUS_TALLY + """
+local lines, i = {}, 0
 function init(args)
   for line in io.lines(args[1]) do lines[#lines + 1] = line end
 end
@@ -46,17 +44,6 @@ function request()
   return wrk.format("POST", nil, {["Content-Type"] = "application/json",
     ["X-GitHub-Event"] = "push", ["X-GitHub-Delivery"] = id,
     ["X-Hub-Signature-256"] = sig}, body)
-end
-function response(status, headers, body)
-  counts[status] = (counts[status] or 0) + 1
-end
-function done(summary, latency, requests)
-  for _, t in ipairs(threads) do
-    for _, code in ipairs({200, 202, 400, 401, 429, 503, 500}) do
-      local n = t:get("counts")[code]
-      if n then io.write(string.format("status %d %d\\n", code, n)) end
-    end
-  end
 end
 """
 
