@@ -102,8 +102,8 @@ class StreamCaps:
 
     @contextlib.contextmanager
     def admit(self, request: web.Request) -> Iterator[None]:
-        client = (request.app[CLIENT_ADDRESS](request) if CLIENT_ADDRESS in request.app
-                  else "") or request.remote or "unknown"
+        address_of = request.app.get(CLIENT_ADDRESS)
+        client = (address_of(request) if address_of else "") or request.remote or "unknown"
         if self.count >= self.total:
             raise ApiError(503, "busy", f"this server holds {self.total} streams already",
                            {"Retry-After": "5"})

@@ -54,21 +54,21 @@ class ConnectionGate:
         self.open = 0
         self.per_ip: dict[str, int] = {}
 
-    def admit(self, transport: asyncio.BaseTransport) -> tuple[str | None, bytes | None]:
-        """(the address counted or None, the refusal to send or None)."""
+    def admit(self, transport: asyncio.BaseTransport) -> tuple[str, bytes | None]:
+        """(the address counted, "" for none; the refusal to send, or None)."""
         peer = transport.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple) and peer else ""
         if self.open >= self.hard:
-            return None, _FULL
-        address = None if not host or is_trusted(host, self.trusted) else group(host)
-        if address is not None and self.per_ip.get(address, 0) >= self.config.per_ip:
-            return None, _PER_IP
+            return "", _FULL
+        address = "" if not host or is_trusted(host, self.trusted) else group(host)
+        if address and self.per_ip.get(address, 0) >= self.config.per_ip:
+            return "", _PER_IP
         self.open += 1
-        if address is not None:
+        if address:
             self.per_ip[address] = self.per_ip.get(address, 0) + 1
         if self.open > self.most:
             self.over_cap.add(transport)
-        return address or "", None
+        return address, None
 
     def release(self, transport: asyncio.BaseTransport, address: str) -> None:
         self.open -= 1
@@ -87,8 +87,8 @@ class _Admitted(asyncio.Protocol):
     def __init__(self, gate: ConnectionGate, inner: asyncio.Protocol) -> None:
         self.gate = gate
         self.inner = inner
-        self.transport: asyncio.BaseTransport | None = None
-        self.address: str | None = None
+        self.transport: asyncio.BaseTransport | None = None  # None: refused at the gate
+        self.address = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.address, refusal = self.gate.admit(transport)
@@ -110,7 +110,7 @@ class _Admitted(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:
             return
-        self.gate.release(self.transport, self.address or "")
+        self.gate.release(self.transport, self.address)
         self.transport = None
         self.inner.connection_lost(exc)
 
