@@ -36,7 +36,8 @@ from gateway.pipeline.scripts import scripts_for
 from gateway.stores.coalesce import AutoPipeline
 
 log = logging.getLogger("gateway.intake")
-OVER_QUOTA = -3  # ADD's answer when the owner's quota is full
+# The add scripts' refusals (nothing written): the guard key exists; the owner's quota is full.
+GUARDED, OVER_QUOTA = -1, -3
 # Claim tokens only need to be unique: a random per-process prefix and a counter are.
 _TOKEN_PREFIX = secrets.token_hex(6)
 _counter = itertools.count(1)
@@ -87,7 +88,7 @@ class Intaker:
                 added = await self.auto.run_script(self._claim_add, script_keys,
                                                    [*add_args, self._ttl_arg])
         elif guard is not None and int(await self.auto.execute("EXISTS", guard)):
-            added = -1
+            added = GUARDED
         else:
             added = await self._claim_then_add(claim_key, add_keys, add_args)
         return self._outcome(int(added))
