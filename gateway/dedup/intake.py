@@ -113,8 +113,8 @@ class Intaker:
         added = replies[-1]
         claim_reply = replies[0] if claim_key is not None else None
         won = claim_reply == "OK"
-        if isinstance(added, NoScriptError):
-            added = await _result(self._add(keys=add_keys, args=add_args))
+        if isinstance(added, NoScriptError):  # ADD decides alone; the claim stands as taken
+            added = await _result(self.auto.run_script(self._add, add_keys, add_args))
         if isinstance(added, Exception):
             if claim_key is not None and claim_reply is None:
                 return 0  # held by another delivery, which answers for it

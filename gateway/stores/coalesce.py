@@ -77,11 +77,17 @@ class AutoPipeline:
         return reply
 
     async def run_script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """A registered script (redis-py ``Script``) by SHA through the shared pipeline;
-        loaded and run directly when the server forgot it (restart, failover)."""
-        (reply,) = await self.batch([("EVALSHA", script.sha, len(keys), *keys, *args)])
+        """A registered script (redis-py ``Script``) by SHA through the shared pipeline.
+
+        When the server forgot it (new server, restart, failover) the script is loaded and
+        called by SHA again *through the pipeline*: a direct call would go out on another
+        connection, outside the flush's ``WAITAOF`` (which covers only its own connection's
+        writes), so a 202 could be answered for a write not yet on disk."""
+        call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        (reply,) = await self.batch([call])
         if isinstance(reply, NoScriptError):
-            return await script(keys=list(keys), args=list(args))
+            await self.redis.script_load(script.script)  # on a cluster: every primary
+            (reply,) = await self.batch([call])
         if isinstance(reply, Exception):
             raise reply
         return reply

@@ -108,3 +108,23 @@ async def test_one_wait_per_batch(redis_factory: Callable[..., embedded.RedisSer
         assert stats["cmdstat_waitaof"]["calls"] == auto.flushes
     finally:
         await redis.aclose()
+
+
+async def test_a_script_the_server_forgot_is_rerun_under_the_batch_wait(
+        redis_factory: Callable[..., embedded.RedisServer]) -> None:
+    """A new (or restarted) server answers NOSCRIPT: the script is loaded and called by SHA
+    again through the pipeline, so the flush's WAITAOF covers its write; never a direct
+    EVAL on another connection, which no WAITAOF of the batch covers."""
+    server = redis_factory("durable", binary=embedded.find_valkey_server())
+    redis = connect(server.url, variable="test")
+    try:
+        auto = AutoPipeline(redis, wait_aof=True)
+        script = redis.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+        assert await auto.run_script(script, ["q:{pipeline}:forgotten"], ["1"]) == "OK"
+        stats = await redis.info("commandstats")
+        assert "cmdstat_eval" not in stats
+        assert stats["cmdstat_evalsha"]["calls"] == 2  # NOSCRIPT, then the run
+        assert stats["cmdstat_waitaof"]["calls"] == auto.flushes == 2
+        assert await redis.get("q:{pipeline}:forgotten") == "1"
+    finally:
+        await redis.aclose()
