@@ -33,7 +33,7 @@ class Row:
         """Every key in redis-cache carries a TTL; so do dedup claims and leases."""
         return self.kind == "key" and (
             self.instance == "cache" or self.namespace.startswith(
-                ("dedup:", "lock:", "brute:", "bl:", "grace:"))
+                ("dedup:", "lock:", "brute:", "bl:", "grace:", "sync:"))
         )
 
 
@@ -51,6 +51,8 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "the token's remaining lifetime", "access"),
     Row("grace:", "refresh-rotation grace: a just-spent refresh token -> its new pair",
         "durable", "10 s", "access"),
+    Row("sync:", "a short-lived write per Redis Cluster primary that WAITAOF waits on "
+        "(durable acks on a cluster)", "durable", "10 s", "stores"),
     Row("lock:", "single-holder leases with fencing token (Mattermost listener, maintenance)",
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
@@ -131,6 +133,11 @@ def revoked_before(sub: str) -> str:
 
 def refresh_grace(token_hash: str) -> str:
     return _join("grace:", token_hash)
+
+
+def sync_barrier(tag: object) -> str:
+    """``sync:{<tag>}``: the tag picks the cluster slot, hence the primary, it lands on."""
+    return f"sync:{{{tag}}}"
 
 
 def lock(name: str) -> str:

@@ -68,6 +68,7 @@ class LocalCluster:
     password: str
     masters: int = 3
     nodes: list[embedded.RedisServer] = field(default_factory=list)
+    binary: str = field(default_factory=embedded.find_redis_server)
 
     @property
     def url(self) -> str:
@@ -91,7 +92,7 @@ class LocalCluster:
                         "cluster-node-timeout": "5000",
                         # A test cluster has no replicas: keep answering for the slots we have.
                         "cluster-require-full-coverage": "no",
-                    })
+                    }, binary=self.binary)
                 self.nodes.append(node.start())
             self._create(timeout)
         except BaseException:

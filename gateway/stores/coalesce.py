@@ -33,6 +33,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+from gateway import keys
 from gateway.stores.redis import REDIS_TIMEOUT_SECONDS, AnyRedis
 
 log = logging.getLogger("gateway.coalesce")
@@ -58,6 +59,7 @@ class AutoPipeline:
         self.flush_timeout = flush_timeout
         self._pending: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._barrier_keys: dict[str, str] = {}  # cluster node name -> its sync: key
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
     async def batch(self, commands: Sequence[Command]) -> list[Any]:
@@ -187,10 +189,8 @@ class AutoPipeline:
                 pipe.execute_command(*command)
             replies = await pipe.execute(raise_on_error=False)
             if self.wait_aof:  # every primary: the flush may have written to any of them
-                answers = await self.redis.execute_command(
-                    *_WAITAOF_ARGS, target_nodes=RedisCluster.PRIMARIES)
-                _check_on_disk(list(answers.values()) if isinstance(answers, dict)
-                               else [answers])
+                _check_on_disk(list(await asyncio.gather(
+                    *(self._barrier(node) for node in self.redis.get_primaries()))))  # type: ignore[union-attr]
         # A cluster pipeline applies redis-py's response callbacks; undo the two that change
         # a simple-string reply into True, so callers see RESP2 replies on every topology.
         return [_UNCALLBACK.get(str(command[0]).upper(), {}).get(reply, reply)
@@ -198,11 +198,45 @@ class AutoPipeline:
                 for command, reply in zip(commands, replies, strict=True)]
 
 
+    async def _barrier(self, node: Any) -> Any:
+        """``WAITAOF`` covers the writes of its own connection only, and a cluster pipeline
+        spreads a flush over a node's pooled connections; so one connection writes a barrier
+        key in this node's slots, then waits: the barrier's offset is past every earlier
+        write on the node, so its fsync is theirs. The WAITAOF answer (or its error)."""
+        key = self._barrier_keys.get(node.name) or self._find_barrier_key(node.name)
+        conn = node.acquire_connection()
+        try:
+            await conn.send_packed_command(
+                pack_command(("SET", key, "1", "PX", _BARRIER_MS))  # type: ignore[arg-type]
+                + _WAITAOF)
+            written = await _reply_or_error(conn)
+            waited = await _reply_or_error(conn)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            node.release(conn)
+        if isinstance(written, Exception):  # MOVED after a resharding: look again next time
+            self._barrier_keys.pop(node.name, None)
+            return written
+        return waited
+
+    def _find_barrier_key(self, name: str) -> str:
+        """A ``sync:`` key whose slot the node ``name`` serves (a few hundred tries at most
+        for a node that holds 1/N of the slots)."""
+        for tag in range(_BARRIER_TRIES):
+            key = keys.sync_barrier(tag)
+            if self.redis.get_node_from_key(key).name == name:  # type: ignore[union-attr]
+                self._barrier_keys[name] = key
+                return key
+        raise NotOnDisk(f"no slot of {name} found for the durability barrier")
+
+
+_BARRIER_MS, _BARRIER_TRIES = "10000", 100_000
 _UNCALLBACK: dict[str, dict[Any, Any]] = {"SET": {True: "OK"}, "PING": {True: "PONG"}}
 # WAITAOF numlocal numreplicas timeout: this server's own AOF fsync, no replica, at most 2 s
 # (appendfsync everysec syncs once a second).
-_WAITAOF_ARGS: tuple[str, ...] = ("WAITAOF", "1", "0", "2000")
-_WAITAOF = pack_command(_WAITAOF_ARGS)  # type: ignore[arg-type]  # the stub wants 1-tuples
+_WAITAOF = pack_command(("WAITAOF", "1", "0", "2000"))  # type: ignore[arg-type]
 
 
 class NotOnDisk(RedisConnectionError):
