@@ -228,7 +228,7 @@ async def test_fifty_concurrent_deliveries_make_one_item(client: Any, runtime: R
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["claim_add-script", "two-commands"])
 async def test_claim_released_after_injected_failure_lets_retry_through(
-        client: Any, runtime: Runtime, atomic: bool) -> None:
+        client: Any, runtime: Runtime, atomic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Single instance: one script, so a failed call leaves no claim. The two-command path
     (a cluster's) claims first and must release the claim when ADD fails."""
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -239,14 +239,17 @@ async def test_claim_released_after_injected_failure_lets_retry_through(
     real_script = getattr(intaker, name)
 
     class LostStore:
-        """The script as seen when the script cache was flushed and the store then went away."""
+        """The script as seen when the script cache was flushed (its SHA unknown) and the
+        store then went away (loading it fails)."""
 
         sha = "0" * 40
+        script = "return 1"
 
-        async def __call__(self, **_: Any) -> Any:
-            raise RedisConnectionError("injected: connection lost during ADD")
+    async def lost_load(_: str) -> Any:
+        raise RedisConnectionError("injected: connection lost during ADD")
 
     setattr(intaker, name, LostStore())
+    monkeypatch.setattr(intaker.auto.redis, "script_load", lost_load)
     body = body_of({"text": "retry me"})
     headers = standard(body, "msg_retry")
     try:
@@ -257,6 +260,7 @@ async def test_claim_released_after_injected_failure_lets_retry_through(
         assert await queued(runtime) == set()
 
         setattr(intaker, name, real_script)
+        monkeypatch.undo()
         retry = await client.post("/v1/webhooks/demo", data=body, headers=headers)
         assert retry.status == 202
         assert await queued(runtime) == {"webhook:demo:msg_retry"}
