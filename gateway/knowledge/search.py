@@ -81,25 +81,35 @@ async def rank(runtime: Any, query: str, limit: int,
             for r in rows if r["score"] and r["score"] > 0]
 
 
-async def search(runtime: Any, q: str, limit: int = 10,
-                 timeout: float | None = None) -> list[dict[str, Any]]:
-    """Ranked results for ``q``; answers are cached for 900 s per generation. A cache that
-    is down or full only costs the cached answer, never the search."""
+async def lookup(runtime: Any, q: str, limit: int) -> tuple[str | None, Any]:
+    """The answer cache's key for ``q`` and its cached answer (None: a miss). A cache that is
+    down or full only costs the cached answer, never the search: then the key is None too."""
     cache = runtime.cache
     try:
         key = answer_key(await _generation(cache), q, limit,
                          embedding.configured(runtime.settings))
         cached = await cache.get(key)
     except Exception:
-        key, cached = None, None
-    if cached is not None:
-        metrics.SEARCH_CACHE.labels("hit").inc()
-        return json.loads(cached)
-    metrics.SEARCH_CACHE.labels("miss").inc()
-    results = await rank(runtime, q, limit, timeout)
+        return None, None
+    metrics.SEARCH_CACHE.labels("miss" if cached is None else "hit").inc()
+    return key, None if cached is None else json.loads(cached)
+
+
+async def remember(runtime: Any, key: str | None, results: list[dict[str, Any]]) -> None:
+    """Cache an answer for 900 s (under its generation); a failing cache is ignored."""
     if key is not None:
         try:
-            await cache.set(key, json.dumps(results), ex=ANSWER_TTL)
+            await runtime.cache.set(key, json.dumps(results), ex=ANSWER_TTL)
         except Exception:
             pass
+
+
+async def search(runtime: Any, q: str, limit: int = 10,
+                 timeout: float | None = None) -> list[dict[str, Any]]:
+    """Ranked results for ``q``, from the answer cache when it has them."""
+    key, cached = await lookup(runtime, q, limit)
+    if cached is not None:
+        return list(cached)
+    results = await rank(runtime, q, limit, timeout)
+    await remember(runtime, key, results)
     return results

@@ -1,19 +1,25 @@
 """``GET /v1/search?q=&limit=``: ranked chunks, answers cached in redis-cache.
 
-A search is a scan with a dot product per chunk, so it is bounded: at most
-``[search] max_concurrent`` (2) run at once in a process (more are answered 503 +
-``Retry-After`` at once, rather than queued onto the database pool the feed needs too), and
-each statement is cancelled after ``[search] timeout_seconds`` (5; 503 as well)."""
+A search that misses the cache embeds the query (a model call, perhaps a provider's) and asks
+PostgreSQL for the nearest chunks (an HNSW walk, or a scan where pgvector is missing), so it
+is bounded: at most ``[search] max_concurrent`` (2) such searches run at once in a process
+(more are answered 503 + ``Retry-After`` at once, rather than queued onto the database pool
+the feed needs too), and each one, the query's embedding included, gets
+``[search] timeout_seconds`` (5; past it 503 as well, and its statement is cancelled on the
+server). A cached answer takes no slot."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import RUNTIME
+from gateway.config import tunables
 from gateway.knowledge import search as pipeline_search
 from gateway.providers import OverBudget, ProviderError
 from gateway.stores.runtime import Runtime
@@ -31,14 +37,24 @@ async def search(request: web.Request) -> web.Response:
         raise ApiError(400, "bad_request", "limit must be an integer") from None
     if not 1 <= limit <= pipeline_search.MAX_LIMIT:
         raise ApiError(400, "bad_request", f"limit must be 1-{pipeline_search.MAX_LIMIT}")
-    budget = request.app[SEARCH_BUDGET]
+    runtime = request.app[RUNTIME]
+    key, cached = await pipeline_search.lookup(runtime, query, limit)
+    if cached is not None:
+        return web.json_response({"query": query, "results": cached})
+    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit)
+    await pipeline_search.remember(runtime, key, results)
+    return web.json_response({"query": query, "results": results})
+
+
+async def _rank(budget: SearchBudget, runtime: Runtime, query: str,
+                limit: int) -> list[dict[str, Any]]:
     if budget.slots.locked():
         raise ApiError(503, "busy", "too many searches at once; retry shortly",
                        {"Retry-After": str(RETRY_SECONDS)})
     async with budget.slots:
         try:
-            results = await pipeline_search.search(request.app[RUNTIME], query, limit,
-                                                   budget.timeout)
+            async with asyncio.timeout(budget.timeout):
+                return await pipeline_search.rank(runtime, query, limit, budget.timeout)
         except TimeoutError:
             raise ApiError(503, "timeout", f"the search took longer than {budget.timeout:g} s;"
                            " narrow it or retry", {"Retry-After": str(RETRY_SECONDS)}) from None
@@ -48,18 +64,25 @@ async def search(request: web.Request) -> web.Response:
         except ProviderError:
             raise ApiError(503, "embedder_unavailable", "no provider could embed the query",
                            {"Retry-After": str(RETRY_SECONDS)}) from None
-    return web.json_response({"query": query, "results": results})
 
 
 RETRY_SECONDS = 2
 BUDGET_RETRY_SECONDS = 300
 
 
+@dataclass(frozen=True)
+class SearchLimits:
+    """``[search]``: positive numbers, checked when the app starts."""
+
+    max_concurrent: int = 2
+    timeout_seconds: float = 5.0
+
+
 class SearchBudget:
     def __init__(self, runtime: Runtime) -> None:
-        section = runtime.settings.section("search")
-        self.slots = asyncio.Semaphore(int(section.get("max_concurrent", 2)))
-        self.timeout = float(section.get("timeout_seconds", 5.0))
+        limits = tunables(SearchLimits, runtime.settings, "search")
+        self.slots = asyncio.Semaphore(limits.max_concurrent)
+        self.timeout = limits.timeout_seconds
 
 
 SEARCH_BUDGET: web.AppKey[SearchBudget] = web.AppKey("search_budget", SearchBudget)
