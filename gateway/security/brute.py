@@ -33,6 +33,7 @@ Configuration (TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -48,6 +49,7 @@ from gateway.api.errors import ApiError
 from gateway.config import ConfigError, positive_numbers
 from gateway.stores.coalesce import AutoPipeline
 
+log = logging.getLogger("gateway.security")
 _FAIL = (Path(__file__).parent / "lua" / "brute_fail.lua").read_text()
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -159,6 +161,7 @@ class BruteBarrier:
     """
 
     MAX_REMEMBERED = 10_000
+    MAX_WARNED = 10
 
     def __init__(self, auto: AutoPipeline, config: BruteSettings) -> None:
         self.auto = auto
@@ -166,9 +169,27 @@ class BruteBarrier:
         self._fail: AsyncScript = auto.redis.register_script(_FAIL)
         self._blocked_until: dict[str, float] = {}
         self._clear_until: dict[str, float] = {}
+        self._warned_forwarders: set[str] = set()
 
     def client_ip(self, request: web.Request) -> str:
-        return client_ip(request, self.config.trusted_proxies, self.config.never_block)
+        ip = client_ip(request, self.config.trusted_proxies, self.config.never_block)
+        if (len(self._warned_forwarders) < self.MAX_WARNED and ip not in self._warned_forwarders
+                and "X-Forwarded-For" in request.headers):
+            self._warn_untrusted_forwarder(request, ip)
+        return ip
+
+    def _warn_untrusted_forwarder(self, request: web.Request, ip: str) -> None:
+        """A peer that is not a trusted proxy sent ``X-Forwarded-For``: either a client
+        forging it (ignored, rightly) or a reverse proxy missing from ``trusted_proxies``,
+        which would get every client behind it blocked together. Said once per address, for
+        at most ``MAX_WARNED`` addresses per process, so it cannot flood the log."""
+        peer = request.remote or "unknown"
+        if ip == NOBODY or is_trusted(peer, self.config.trusted_proxies):
+            return
+        self._warned_forwarders.add(ip)
+        log.warning("%s sent X-Forwarded-For but is not in [security] trusted_proxies: the "
+                    "barrier counts %s itself; if it is a reverse proxy, list it there, or "
+                    "the clients behind it are blocked together", peer, ip)
 
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""

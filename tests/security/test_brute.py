@@ -84,3 +84,22 @@ def test_bad_never_block_is_named() -> None:
     with pytest.raises(ConfigError) as caught:
         BruteSettings.from_section({"never_block": ["github"]})
     assert caught.value.variable == "GATEWAY_CONFIG [security].never_block"
+
+
+async def test_an_untrusted_forwarder_is_named_once_in_the_log(
+        runtime, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """A proxy missing from trusted_proxies would get everyone behind it blocked together:
+    the log says so, once per address and for a bounded number of addresses."""
+    from gateway.security.brute import BruteBarrier
+    from gateway.stores.coalesce import AutoPipeline
+    barrier = BruteBarrier(AutoPipeline(runtime.durable), PROXIES)
+    with caplog.at_level("WARNING", logger="gateway.security"):
+        for _ in range(3):
+            assert barrier.client_ip(request("203.0.113.1", "198.51.100.7")) == "203.0.113.1"
+        barrier.client_ip(request("127.0.0.1", "198.51.100.7"))  # a trusted proxy: silent
+        barrier.client_ip(request("203.0.113.2"))  # no header: silent
+        for n in range(3, 3 + 2 * BruteBarrier.MAX_WARNED):
+            barrier.client_ip(request(f"203.0.113.{n}", "198.51.100.7"))
+    warned = [r.getMessage() for r in caplog.records if "trusted_proxies" in r.getMessage()]
+    assert len(warned) == BruteBarrier.MAX_WARNED
+    assert warned[0].startswith("203.0.113.1 sent X-Forwarded-For")
