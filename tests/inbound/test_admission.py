@@ -1,5 +1,7 @@
 """Admission by class on a small redis-durable (64 MB): jobs are refused first, signed
-webhooks next, chat platform events never by class; the bystanders keep getting 2xx."""
+webhooks next, chat platform events never by class; the bystanders keep getting 2xx, and
+the chats (real Telegram updates and signed Slack events, through their routes) are still
+answered."""
 
 from __future__ import annotations
 
@@ -9,17 +11,16 @@ from typing import Any
 
 import pytest
 
-from gateway.conversations.model import Incoming
-from gateway.inbox.entry import Entry
-from gateway.inbox.queue import Inbox, Pushed
 from gateway.stores.runtime import open_runtime
 from gateway.web.app import create_app
+from tests.fakes import FakeSlack, FakeTelegram
 from tests.helpers import wait_until
+from tests.inbound.bystanders import CHAT_COMPONENTS, chats_go_on, with_chat
 from tests.inbound.webhook_helpers import body_of, standard
 
 pytestmark = pytest.mark.single_instance
 COMPONENTS = ("gateway.web.health", "gateway.inbound.webhooks", "gateway.inbound.jobs",
-              "gateway.push.web", "gateway.web.dashboard")
+              "gateway.push.web", "gateway.web.dashboard", *CHAT_COMPONENTS)
 
 
 async def fill_to(redis: Any, ratio: float) -> None:
@@ -37,12 +38,14 @@ async def fill_to(redis: Any, ratio: float) -> None:
 
 
 async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
-        settings: Any, redis_factory: Callable[..., Any],
-        make_client: Callable[..., Any]) -> None:
+        settings: Any, redis_factory: Callable[..., Any], make_client: Callable[..., Any],
+        fake_telegram: FakeTelegram, fake_slack: FakeSlack) -> None:
     server = redis_factory("durable", maxmemory="64mb")
-    rt = await open_runtime(dataclasses.replace(settings, durable_url=server.url))
+    rt = await open_runtime(dataclasses.replace(
+        with_chat(settings, fake_telegram, fake_slack), durable_url=server.url))
     try:
-        client = await make_client(create_app(rt, COMPONENTS), rt=rt)
+        app = create_app(rt, COMPONENTS)
+        client = await make_client(app, rt=rt)
         counter = iter(range(10_000))
 
         async def job() -> int:
@@ -65,6 +68,8 @@ async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
         await wait_until(lambda: refused(job, 0.75), timeout=10,
                          message="jobs refused past 70 %")
         assert await webhook() == 202  # the signed webhooks still get through
+        await chats_go_on(client, app, fake_telegram, fake_slack)
+        assert await job() == 503  # still refused while the chats went on
 
         async def reported() -> bool:
             await fill_to(rt.durable, 0.75)
@@ -77,9 +82,8 @@ async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
         await wait_until(reported, timeout=10, message="/readyz and the dashboard say so")
         await wait_until(lambda: refused(webhook, 0.9), timeout=10,
                          message="webhooks refused past 85 %")
-        inbox = Inbox(rt.durable, "telegram")
-        chat = Entry(Incoming(platform="telegram", chat="1", thread=None, user_id="u",
-                              user_name="u", text="still here", message_id="1"))
-        assert await inbox.push("1", chat, None, 60) is Pushed.ACCEPTED  # chats go on
+        await fill_to(rt.durable, 0.9)
+        await chats_go_on(client, app, fake_telegram, fake_slack)  # chats go on
+        assert (await job(), await webhook()) == (503, 503)
     finally:
         await rt.close()

@@ -1,7 +1,7 @@
 """Per-owner quotas on real stores: a credential (or webhook source) that holds its quota of
 queued items or bytes is refused with 429 and nothing is written, while other credentials,
-other sources and the chat platforms go on; once its items have left the pipeline it is let
-in again."""
+other sources and the chat platforms (Telegram updates and signed Slack events through their
+routes, answered) go on; once its items have left the pipeline it is let in again."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from gateway.config import Settings
 from gateway.pipeline.stages import meta_key, quota_key
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
+from tests.fakes import FakeSlack, FakeTelegram
 from tests.fakes.waiting import wait_until
+from tests.inbound.bystanders import chats_go_on, with_chat
 from tests.inbound.webhook_helpers import body_of, standard
 from tests.pipeline.helpers import workers
 
@@ -39,9 +41,10 @@ async def submit(client: Any, key: str, job_id: str, text: str = "x") -> Any:
 
 
 async def test_a_full_credential_is_refused_and_nobody_else_is(
-        settings: Settings, runtime: Runtime, make_client: Callable[..., Any]) -> None:
-    client, rt = await quota_app(settings, make_client, items_per_credential=3,
-                                 items_per_source=2)
+        settings: Settings, runtime: Runtime, make_client: Callable[..., Any],
+        fake_telegram: FakeTelegram, fake_slack: FakeSlack) -> None:
+    client, rt = await quota_app(with_chat(settings, fake_telegram, fake_slack), make_client,
+                                 items_per_credential=3, items_per_source=2)
     try:
         greedy, modest = await key_for(runtime, "greedy"), await key_for(runtime, "modest")
         for i in range(3):
@@ -62,6 +65,12 @@ async def test_a_full_credential_is_refused_and_nobody_else_is(
                                  headers=standard(body, "w-over"))
         assert over.status == 429  # the source's own quota
         assert await runtime.durable.hlen(meta_key()) == 6  # 3 + 1 jobs, 2 webhooks
+        # The chats go on while both are refused, and take nothing of their quotas.
+        await chats_go_on(client, client.app, fake_telegram, fake_slack)
+        assert (await submit(client, greedy, "g4")).status == 429
+        assert (await client.post("/v1/webhooks/demo", data=body,
+                                  headers=standard(body, "w-over2"))).status == 429
+        assert await runtime.durable.hlen(meta_key()) == 6
     finally:
         await rt.close()
 
