@@ -3,11 +3,17 @@ and its generations, parameter checks."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import asyncpg
 from aiohttp import web
 from prometheus_client import REGISTRY
 
 from gateway.knowledge import search
+from gateway.push import feed
 from gateway.web.app import create_app
+from tests.helpers import wait_until
 from tests.knowledge.indexing import index as _index
 
 
@@ -102,3 +108,65 @@ async def test_searches_are_bounded_in_number_and_time(runtime, make_client, mon
         assert slow.status == 503 and (await slow.json())["error"] == "timeout"
     finally:
         await rt.close()
+
+
+async def test_the_feed_answers_while_many_searches_run(runtime, make_client):
+    """The issue's scenario: 12 distinct uncached searches at once, each held in the database
+    (a lock on the chunks, as a long scan would hold its connection). The search budget lets
+    two run and answers the rest 503 + Retry-After at once, so the client-read pool keeps
+    connections for /v1/feed, which answers within a bound meanwhile (without the budget the
+    searches took every read connection and the feed waited 5 s, until their statements
+    were cancelled)."""
+    running = 2  # [search] max_concurrent by default
+    await _index(runtime, "doc-1", "Redis sorted sets hold the pipeline's priority queues.")
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        for i in range(3):
+            await feed.append(conn, "pipeline", "store", {"item_id": f"doc-{i}"})
+    app = create_app(runtime, components=("gateway.web.health", "gateway.web.search",
+                                          "gateway.push.web"))
+    client = await make_client(app)
+    locker = await asyncpg.connect(runtime.settings.database_url)
+    searches: list[asyncio.Task] = []
+    try:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE pipeline_chunks IN ACCESS EXCLUSIVE MODE")
+
+        async def one(q: str) -> tuple[int, str | None]:
+            async with client.get("/v1/search", params={"q": q}) as resp:
+                await resp.read()
+                return resp.status, resp.headers.get("Retry-After")
+
+        searches = [asyncio.create_task(one(f"distinct query number {i}")) for i in range(12)]
+
+        async def held() -> bool:  # the admitted searches wait in the database
+            return await runtime.pg.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE '%FROM pipeline_chunks%'"
+            ) >= running
+        await wait_until(held, timeout=10, message="searches held in the database")
+
+        async def read_feed() -> float:
+            started = time.monotonic()
+            async with client.get("/v1/feed", params={"topic": "pipeline"}) as resp:
+                assert resp.status == 200, await resp.text()
+                assert len((await resp.json())["rows"]) == 3
+            return time.monotonic() - started
+
+        for _ in range(3):  # one at a time, then more at once than the pool has left
+            assert await read_feed() < 1.0
+        assert max(await asyncio.gather(*(read_feed() for _ in range(4)))) < 1.0
+        await wait_until(lambda: sum(t.done() for t in searches) >= len(searches) - running,
+                         timeout=10, message="the searches past the budget answered")
+        refused = [t.result() for t in searches if t.done()]
+        assert all(status == 503 and int(after) > 0 for status, after in refused)
+        assert sum(not t.done() for t in searches) == running  # still held meanwhile
+        await tx.rollback()
+        answers = await asyncio.wait_for(asyncio.gather(*searches), 15)
+        assert all(status == 200 or (status == 503 and int(after) > 0)
+                   for status, after in answers)
+        assert sum(status == 200 for status, _ in answers) >= 1
+    finally:
+        for task in searches:
+            task.cancel()
+        await locker.close()
