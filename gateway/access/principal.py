@@ -59,14 +59,25 @@ class Principal:
 ADMIN = Principal("admin", "admin", frozenset(SCOPES), ("*",))
 
 
+def _scope_names(value: str) -> frozenset[str]:
+    return frozenset(s for s in value.replace(",", " ").split() if s)
+
+
 def parse_scopes(value: str) -> frozenset[str]:
     """Space- or comma-separated scope names; unknown ones are refused (a typo would
-    otherwise grant nothing, silently)."""
-    scopes = frozenset(s for s in value.replace(",", " ").split() if s)
+    otherwise grant nothing, silently): for what an operator or an issuer asks for."""
+    scopes = _scope_names(value)
     unknown = sorted(scopes - set(SCOPES))
     if unknown:
         raise ValueError(f"unknown scope(s): {', '.join(unknown)} (known: {', '.join(SCOPES)})")
     return scopes
+
+
+def known_scopes(value: str) -> frozenset[str]:
+    """The gateway's scopes among a token's ``scope`` claim; the others are ignored: an
+    identity provider's token carries its own (``openid profile``), and they grant nothing
+    here."""
+    return _scope_names(value) & frozenset(SCOPES)
 
 
 def parse_topics(value: str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 import jwt
 
 from gateway.access.bounded import Bounded
-from gateway.access.principal import Principal, parse_scopes, parse_topics
+from gateway.access.principal import Principal, known_scopes, parse_scopes, parse_topics
 from gateway.config import Settings
 
 ASYMMETRIC = ["RS256", "ES256", "EdDSA"]
@@ -85,10 +85,11 @@ class TokenVerifier:
 
 
 def principal_from_claims(claims: dict[str, Any]) -> Principal:
-    try:
-        scopes = parse_scopes(str(claims.get("scope") or ""))
-    except ValueError as exc:
-        raise InvalidToken(str(exc)) from None
+    """Unknown scopes are ignored (they grant nothing); malformed claims refuse the token."""
+    scope = claims.get("scope")
+    if scope is not None and not isinstance(scope, str):
+        raise InvalidToken("scope must be a space-separated string")
+    scopes = known_scopes(scope or "")
     topics = claims.get("topics") or []
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise InvalidToken("topics must be a list of strings")

@@ -167,7 +167,7 @@ async def test_topics_by_feed_stream_and_query_token(apps: Callable[..., Any]) -
 
 
 @pytest.mark.parametrize("case", ["expired", "tampered", "wrong_aud", "alg_none",
-                                  "unknown_scope", "no_exp"])
+                                  "scope_not_a_string", "topics_not_a_list", "no_exp"])
 async def test_bad_tokens_are_refused(apps: Callable[..., Any], case: str) -> None:
     client = await apps(jwt_secret=Secret(SECRET), jwt_audience="gateway")
     good = token("feed:read", ["pipeline"], aud="gateway")
@@ -179,7 +179,9 @@ async def test_bad_tokens_are_refused(apps: Callable[..., Any], case: str) -> No
         "alg_none": jwt.encode({"sub": "x", "exp": int(time.time()) + 60, "aud": "gateway",
                                 "scope": "feed:read", "topics": ["pipeline"]}, None,
                                algorithm="none"),
-        "unknown_scope": token("feed:read everything", ["pipeline"], aud="gateway"),
+        "scope_not_a_string": token(["feed:read"],  # type: ignore[arg-type]
+                                    ["pipeline"], aud="gateway"),
+        "topics_not_a_list": token("feed:read", aud="gateway", topics="pipeline"),
         "no_exp": token("feed:read", ["pipeline"], aud="gateway", exp=None),
     }[case]
     async with client.get("/v1/feed?topic=pipeline", headers=bearer(good)) as ok:
@@ -187,6 +189,20 @@ async def test_bad_tokens_are_refused(apps: Callable[..., Any], case: str) -> No
     async with client.get("/v1/feed?topic=pipeline", headers=bearer(bad)) as refused:
         assert refused.status == 401
         assert bad not in await refused.text()
+
+
+async def test_unknown_scopes_in_a_token_are_ignored(apps: Callable[..., Any]) -> None:
+    """An identity provider's token carries scopes of its own: they grant nothing here, and
+    do not cost the token the gateway's scopes it also has."""
+    client = await apps(jwt_secret=Secret(SECRET))
+    idp = token("openid profile feed:read", ["pipeline"])
+    async with client.get("/v1/feed?topic=pipeline", headers=bearer(idp)) as ok:
+        assert ok.status == 200
+    async with client.get("/v1/jobs/x", headers=bearer(idp)) as no_scope:
+        assert no_scope.status == 403 and "jobs:read" in (await no_scope.json())["detail"]
+    foreign_only = token("openid profile email", ["pipeline"])
+    async with client.get("/v1/feed?topic=pipeline", headers=bearer(foreign_only)) as none:
+        assert none.status == 403  # authenticated, with no scope of ours
 
 
 async def test_jwks_keys_and_their_rotation(apps: Callable[..., Any]) -> None:
