@@ -5,6 +5,12 @@ token, so two concurrent refreshes take turns: the first rotates, the second fin
 spent and, within ``GRACE_SECONDS``, gets the same new pair from ``grace:<hash>`` (two tabs
 refreshing at once both succeed). Later, a spent token presented again is taken for theft and
 revokes its whole family.
+
+Logins, refreshes and an account's revocation take turns on one transaction-scoped advisory
+lock per ``sub``: a "log out everywhere" ends every family committed before it, and a refresh
+or login waiting on it finds its token revoked or runs wholly after (its new tokens then
+stand, as they should). The not-before mark is written after that, so every access token
+minted before the families ended is older than the mark.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from gateway.stores.redis import AnyRedis
 PREFIX = "grt_"
 GRACE_SECONDS = 10
 REFRESH_DAYS = 30
+_ACCOUNT_LOCK = 1717920200  # the advisory-lock space of "one account's refresh families"
 
 
 def token_hash(token: str) -> bytes:
@@ -44,20 +51,27 @@ class Refused(Exception):
     """Why a refresh token is refused (a 401; the token is never in the message)."""
 
 
+async def _lock_account(conn: asyncpg.Connection, sub: str) -> None:
+    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _ACCOUNT_LOCK, sub)
+
+
 class Issuer:
     def __init__(self, pool: asyncpg.Pool, durable: AnyRedis, secret: str, *,
-                 issuer: str | None = None, audience: str | None = None) -> None:
+                 issuer: str | None = None, audience: str | None = None,
+                 max_ttl: int | None = None) -> None:
         self.pool = pool
         self.durable = durable
         self.secret = secret
         self.issuer = issuer
         self.audience = audience
+        self.max_ttl = max_ttl  # a family's lifetime beyond what is accepted now: cut to it
 
     def _pair(self, grant: Grant, refresh_token: str) -> dict[str, Any]:
-        access = mint(self.secret, grant.sub, grant.scopes, grant.topics, grant.access_ttl,
+        ttl = min(grant.access_ttl, self.max_ttl or grant.access_ttl)
+        access = mint(self.secret, grant.sub, grant.scopes, grant.topics, ttl,
                       issuer=self.issuer, audience=self.audience)
         return {"access_token": access, "token_type": "Bearer",
-                "expires_in": grant.access_ttl, "refresh_token": refresh_token}
+                "expires_in": ttl, "refresh_token": refresh_token}
 
     async def _store(self, conn: asyncpg.Connection, grant: Grant, family: str) -> str:
         token = PREFIX + secrets.token_urlsafe(32)
@@ -71,9 +85,10 @@ class Issuer:
 
     async def login(self, grant: Grant) -> dict[str, Any]:
         """A new family: an access token and its first refresh token."""
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await _lock_account(conn, grant.sub)
             refresh_token = await self._store(conn, grant, uuid.uuid4().hex)
-        return self._pair(grant, refresh_token)
+            return self._pair(grant, refresh_token)  # minted before the lock is let go
 
     async def refresh(self, presented: str) -> dict[str, Any]:
         digest = token_hash(presented)
@@ -87,6 +102,10 @@ class Issuer:
     async def _rotate(self, conn: asyncpg.Connection, digest: bytes) -> dict[str, Any] | None:
         """The next pair; None when the token was spent before the grace (the family is
         revoked in this transaction)."""
+        sub = await conn.fetchval("SELECT sub FROM refresh_tokens WHERE token_hash = $1", digest)
+        if sub is None:
+            raise Refused("unknown, expired or revoked refresh token")
+        await _lock_account(conn, sub)  # before the row lock, as revoke_sub takes them
         row = await conn.fetchrow(
             "SELECT family, sub, scopes, topics, access_ttl, used_at, revoked_at,"
             " expires_at < now() AS expired FROM refresh_tokens WHERE token_hash = $1"
@@ -119,8 +138,12 @@ class Issuer:
         return status != "UPDATE 0"
 
     async def revoke_sub(self, sub: str) -> None:
-        await self.pool.execute("UPDATE refresh_tokens SET revoked_at = now()"
-                                " WHERE sub = $1 AND revoked_at IS NULL", sub)
+        """Every family of ``sub``, once its logins and refreshes under way have committed
+        (their tokens are then found here); write the not-before mark after this returns."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await _lock_account(conn, sub)
+            await conn.execute("UPDATE refresh_tokens SET revoked_at = now()"
+                               " WHERE sub = $1 AND revoked_at IS NULL", sub)
 
 
 def narrower(issuer: Principal, scopes: frozenset[str], topics: tuple[str, ...]) -> str | None:

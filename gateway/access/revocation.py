@@ -2,7 +2,14 @@
 expired) and ``bl:sub:<sub>`` = a not-before time (tokens of that account issued earlier are
 refused). Checking costs no round trip per request: each process remembers what it read for
 ``CACHE_SECONDS``, so a revocation holds on every replica within that bound (1 s), and reads
-for concurrent requests share one round trip through the coalescer."""
+for concurrent requests share one round trip through the coalescer.
+
+The not-before mark is the revocation's ``time.time()`` and a token's ``iat`` is compared with
+it exactly: the gateway mints ``iat`` with sub-second precision, so its tokens issued after the
+revocation pass, even within the same second. A whole-second ``iat`` (an identity provider's)
+counts as the start of its second: such a token issued in the second of the revocation is
+refused with the older ones (it cannot be told apart from them); one of the next second
+passes. A token without ``iat`` is refused once its account has a mark."""
 
 from __future__ import annotations
 
@@ -22,7 +29,10 @@ class Revocations:
     def __init__(self, durable: AnyRedis) -> None:
         self.durable = durable
         self.auto = AutoPipeline(durable)
-        self._seen: Bounded[tuple[str | None, str], tuple[float, bool]] = Bounded(CACHE_ENTRIES)
+        # (jti, sub) -> (read at, jti revoked, the account's not-before or None). The marks,
+        # not a verdict: tokens without a jti share an entry, each judged by its own iat.
+        self._seen: Bounded[tuple[str | None, str],
+                            tuple[float, bool, float | None]] = Bounded(CACHE_ENTRIES)
 
     async def revoked(self, principal: Principal, issued_at: float | None) -> bool:
         """Is this token revoked (its jti, or its account since after it was issued)?"""
@@ -31,18 +41,18 @@ class Revocations:
         key = (principal.jti, principal.id)
         now = time.monotonic()
         cached = self._seen.get(key)
-        if cached is not None and now - cached[0] < CACHE_SECONDS:
-            return cached[1]
-        jti_mark, not_before = await self.auto.batch([
-            ("EXISTS", keys.revoked_jti(principal.jti)) if principal.jti else ("ECHO", "0"),
-            ("GET", keys.revoked_before(principal.id))])
-        for reply in (jti_mark, not_before):
-            if isinstance(reply, Exception):
-                raise reply
-        revoked = int(jti_mark) == 1 or (
-            not_before is not None and (issued_at or 0) < float(not_before))
-        self._seen.put(key, (now, revoked))
-        return revoked
+        if cached is None or now - cached[0] >= CACHE_SECONDS:
+            jti_mark, not_before = await self.auto.batch([
+                ("EXISTS", keys.revoked_jti(principal.jti)) if principal.jti else ("ECHO", "0"),
+                ("GET", keys.revoked_before(principal.id))])
+            for reply in (jti_mark, not_before):
+                if isinstance(reply, Exception):
+                    raise reply
+            cached = (now, int(jti_mark) == 1,
+                      float(not_before) if not_before is not None else None)
+            self._seen.put(key, cached)
+        _, jti_revoked, mark = cached
+        return jti_revoked or (mark is not None and (issued_at or 0.0) < mark)
 
     async def revoke_jti(self, jti: str, expires_at: float | None, longest: int) -> None:
         """Until the token would have expired (``longest`` seconds when that is unknown)."""
@@ -50,6 +60,9 @@ class Revocations:
         if ttl > 0:
             await self.durable.set(keys.revoked_jti(jti), "1", ex=ttl)
 
-    async def revoke_sub(self, sub: str, longest: int) -> None:
-        """Every token of ``sub`` issued until now; kept as long as such a token can live."""
-        await self.durable.set(keys.revoked_before(sub), str(time.time()), ex=longest + 1)
+    async def revoke_sub(self, sub: str, longest: int) -> float:
+        """Every token of ``sub`` issued until now; kept as long as such a token can live.
+        Returns the mark (``repr`` keeps the float exact through Redis)."""
+        now = time.time()
+        await self.durable.set(keys.revoked_before(sub), repr(now), ex=longest + 1)
+        return now

@@ -20,6 +20,10 @@ from gateway.config import Settings
 
 ASYMMETRIC = ["RS256", "ES256", "EdDSA"]
 DEFAULT_TTL = 900
+# The longest an access token the gateway accepts may still have to live (``exp`` - now),
+# ``[access] max_token_seconds``: what it issues and what it verifies, so a ``bl:jti:`` mark
+# written with no ``exp`` known (``POST /v1/admin/revoke``) outlives any token it names.
+MAX_TOKEN_SECONDS = 86400
 LEEWAY_SECONDS = 5
 JWKS_COOLDOWN_SECONDS = 10.0
 VERIFIED_ENTRIES = 10_000
@@ -29,11 +33,25 @@ class InvalidToken(Exception):
     """Why a presented token is refused (the message goes into the 401; never the token)."""
 
 
+def max_token_seconds(settings: Settings) -> int:
+    value = int(settings.section("access").get("max_token_seconds", MAX_TOKEN_SECONDS))
+    if value < 1:
+        raise ValueError("[access] max_token_seconds must be at least 1")
+    return value
+
+
+def longest_life(settings: Settings) -> int:
+    """How long any token the gateway accepts can still live: a ``bl:`` mark kept this long
+    outlives it."""
+    return max_token_seconds(settings) + LEEWAY_SECONDS
+
+
 class TokenVerifier:
     def __init__(self, settings: Settings) -> None:
         self.secret = settings.jwt_secret.get() if settings.jwt_secret else None
         self.issuer = settings.jwt_issuer
         self.audience = settings.jwt_audience
+        self.max_seconds = max_token_seconds(settings)
         # An unknown kid refetches the key set, at most once per cooldown: random kids must
         # not turn every forged token into a request to the identity provider.
         cooldown = float(settings.section("access").get("jwks_cooldown_seconds",
@@ -81,6 +99,8 @@ class TokenVerifier:
             raise InvalidToken("token expired") from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"invalid token: {type(exc).__name__}") from None
+        if float(claims["exp"]) - time.time() > self.max_seconds + LEEWAY_SECONDS:
+            raise InvalidToken(f"token lives longer than the {self.max_seconds} s accepted")
         return principal_from_claims(claims)
 
 
@@ -103,9 +123,13 @@ def principal_from_claims(claims: dict[str, Any]) -> Principal:
 def mint(secret: str, sub: str, scopes: frozenset[str], topics: tuple[str, ...] = (),
          ttl: int = DEFAULT_TTL, *, issuer: str | None = None,
          audience: str | None = None) -> str:
-    """An HS256 access token (``gateway token``, ``gateway dev``)."""
-    now = int(time.time())
-    claims: dict[str, Any] = {"sub": sub, "iat": now, "exp": now + ttl,
+    """An HS256 access token (``gateway token``, ``gateway dev``, ``/v1/auth/...``).
+
+    ``iat`` has sub-second precision (a NumericDate may be fractional) and is compared
+    exactly with an account's not-before mark (``bl:sub:``), so a token minted in the same
+    second as, but after, a "log out everywhere" is valid."""
+    now = time.time()
+    claims: dict[str, Any] = {"sub": sub, "iat": now, "exp": int(now) + ttl,
                               "jti": secrets.token_hex(12), "scope": " ".join(sorted(scopes)),
                               "topics": list(topics)}
     if issuer:
@@ -122,8 +146,13 @@ def main_token(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     try:
         scopes = parse_scopes(args.scope)
+        longest = max_token_seconds(settings)
     except ValueError as exc:
         print(f"gateway token: {exc}", file=sys.stderr)
+        return 2
+    if not 1 <= args.ttl <= longest:
+        print(f"gateway token: --ttl must be 1-{longest} seconds ([access] max_token_seconds)",
+              file=sys.stderr)
         return 2
     print(mint(settings.jwt_secret.get(), args.sub, scopes, parse_topics(args.topics),
                args.ttl, issuer=settings.jwt_issuer, audience=settings.jwt_audience))

@@ -6,8 +6,9 @@
   credential; refusals count in the address's brute-force barrier).
 - ``POST /v1/auth/revoke`` ``{"token"}``: the holder ends an access token (``bl:``) or a
   refresh token's family; answered 200 either way (RFC 7009), so it reveals nothing.
-- ``POST /v1/admin/revoke`` (``admin``): ``{"jti"}`` or ``{"sub"}`` (every token of the
-  account issued until now, and its refresh families).
+- ``POST /v1/admin/revoke`` (``admin``): ``{"jti"}`` (``bl:jti:`` kept for the longest life
+  an accepted token can have: ``[access] max_token_seconds`` + the 5 s leeway) or ``{"sub"}``
+  (the account's refresh families, then a not-before mark: every token issued until now).
 - ``POST /v1/auth/link-code``, ``GET /v1/auth/links``, ``DELETE /v1/auth/links/{id}``: an
   access token's account links chats (``gateway.conversations.links``) and then reads their
   ``conversation:<id>`` topics.
@@ -25,7 +26,7 @@ from gateway.access.authenticate import AUTHENTICATOR
 from gateway.access.principal import parse_scopes
 from gateway.access.refresh import PREFIX as REFRESH_PREFIX
 from gateway.access.refresh import Grant, Issuer, Refused, narrower
-from gateway.access.tokens import DEFAULT_TTL, InvalidToken
+from gateway.access.tokens import DEFAULT_TTL, InvalidToken, longest_life, max_token_seconds
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
@@ -34,9 +35,6 @@ from gateway.inbound.http_intake import install as install_inbound
 from gateway.inbound.http_intake import read_body
 from gateway.stores.runtime import Runtime
 
-MAX_TTL = 86400
-# bl: marks whose token lifetime is unknown live this long: longer than any token we issue.
-LONGEST_SECONDS = 7 * 86400
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 
 
@@ -67,8 +65,12 @@ class AuthRoutes:
         self.verifier = authenticator.tokens
         self.revocations = authenticator.revocations
         self.barrier = install_inbound(app, runtime).barrier
+        self.max_ttl = max_token_seconds(settings)
+        # bl: marks whose token's exp is unknown live this long: past any accepted token.
+        self.longest = longest_life(settings)
         self.issuer = (Issuer(runtime.pg, runtime.durable, settings.jwt_secret.get(),
-                              issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+                              issuer=settings.jwt_issuer, audience=settings.jwt_audience,
+                              max_ttl=self.max_ttl)
                        if settings.jwt_secret else None)
 
     def _issuing(self) -> Issuer:
@@ -90,8 +92,8 @@ class AuthRoutes:
         if not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics):
             raise ApiError(400, "bad_request", "topics must be a list of topic patterns")
         ttl = body.get("ttl", DEFAULT_TTL)
-        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL:
-            raise ApiError(400, "bad_request", f"ttl must be 1-{MAX_TTL} seconds")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= self.max_ttl:
+            raise ApiError(400, "bad_request", f"ttl must be 1-{self.max_ttl} seconds")
         wider = narrower(principal, scopes, tuple(topics))  # type: ignore[arg-type]
         if wider:
             raise ApiError(403, "forbidden", f"wider than the issuing credential: {wider}")
@@ -125,7 +127,7 @@ class AuthRoutes:
                 principal = None
             if principal is not None and principal.jti:
                 await self.revocations.revoke_jti(principal.jti, principal.expires_at,
-                                                  LONGEST_SECONDS)
+                                                  self.longest)
                 revoked = True
         return web.json_response({"revoked": revoked})
 
@@ -135,12 +137,12 @@ class AuthRoutes:
         if (jti is None) == (sub is None):
             raise ApiError(400, "bad_request", "give exactly one of jti and sub")
         if jti is not None:
-            await self.revocations.revoke_jti(jti, None, LONGEST_SECONDS)
+            await self.revocations.revoke_jti(jti, None, self.longest)
             return web.json_response({"revoked": {"jti": jti}})
         assert sub is not None
-        await self.revocations.revoke_sub(sub, LONGEST_SECONDS)
-        if self.issuer is not None:
+        if self.issuer is not None:  # first: a refresh under way then mints before the mark
             await self.issuer.revoke_sub(sub)
+        await self.revocations.revoke_sub(sub, self.longest)
         return web.json_response({"revoked": {"sub": sub}})
 
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import jwt
 import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway import keys
 from gateway.access.refresh import token_hash
+from gateway.access.tokens import mint
 from gateway.config import Secret, Settings
 from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime, open_runtime
@@ -121,6 +124,72 @@ async def test_revoke_an_access_token_and_an_account(client: TestClient[Any, Any
     async with client.post("/v1/auth/revoke", json={"token": "garbage"},
                            headers={"Authorization": ""}) as unknown:
         assert unknown.status == 200 and (await unknown.json()) == {"revoked": False}
+
+
+async def test_a_login_right_after_log_out_everywhere_works(
+        client: TestClient[Any, Any], runtime: Runtime) -> None:
+    """The not-before mark and iat are compared exactly: a token minted after the revocation
+    in the same second is valid (it was refused for its whole life when iat was whole
+    seconds); those minted before are refused."""
+    for attempt in range(5):  # until the re-login falls in the revocation's second
+        sub = f"alice-{attempt}"
+        _, old = await issue(client, sub=sub)
+        assert await feed_status(client, old["access_token"]) == 200
+        async with client.post("/v1/admin/revoke", json={"sub": sub}) as revoked:
+            assert revoked.status == 200
+        status, new = await issue(client, sub=sub)  # /v1/auth/token at once
+        assert status == 200
+        mark = float(await runtime.durable.get(keys.revoked_before(sub)))
+        iat = jwt.decode(new["access_token"], options={"verify_signature": False})["iat"]
+        assert iat >= mark
+        if int(iat) == int(mark):
+            break
+    else:
+        raise AssertionError("no re-login in the revocation's second in five tries")
+    assert await feed_status(client, new["access_token"]) == 200
+    status, again = await refresh(client, new["refresh_token"])
+    assert status == 200 and await feed_status(client, again["access_token"]) == 200
+    local = mint(SECRET, sub, frozenset({"feed:read"}), ("conversation:1",))  # gateway token
+    assert await feed_status(client, local) == 200
+    await wait_until(lambda: _status_is(client, old["access_token"], 401), timeout=3,
+                     message="the token from before the revocation refused")
+    # Whole-second iat (an identity provider's, no jti): the revocation's second is refused
+    # with the tokens before it, the next one passes; each judged by its own iat although
+    # they share one cache entry.
+    def foreign(iat: int) -> str:
+        return jwt.encode({"sub": sub, "iat": iat, "exp": iat + 300, "scope": "feed:read",
+                           "topics": ["conversation:1"]}, SECRET, algorithm="HS256")
+
+    assert await feed_status(client, foreign(int(mark) + 1)) == 200
+    assert await feed_status(client, foreign(int(mark))) == 401
+
+
+async def test_revocation_marks_outlive_the_longest_token_accepted(
+        runtime: Runtime, settings: Settings, make_client: Callable[..., Any]) -> None:
+    """``bl:jti:`` from the admin (no exp known) and ``bl:sub:`` live as long as the longest
+    token the gateway accepts: [access] max_token_seconds (+5 s leeway), which it also
+    enforces on what it issues and verifies."""
+    rt = await open_runtime(dataclasses.replace(
+        settings, jwt_secret=Secret(SECRET), sections={"access": {"max_token_seconds": 600}}))
+    try:
+        client = await make_client(create_app(rt), rt=rt)
+        async with client.post("/v1/admin/revoke", json={"jti": "abc123"}) as by_jti:
+            assert by_jti.status == 200
+        assert 600 + 5 - 2 <= await runtime.durable.ttl(keys.revoked_jti("abc123")) <= 606
+        async with client.post("/v1/admin/revoke", json={"sub": "zed"}) as by_sub:
+            assert by_sub.status == 200
+        assert 600 + 5 - 2 <= await runtime.durable.ttl(keys.revoked_before("zed")) <= 606
+        status, refused = await issue(client, ttl=601)
+        assert status == 400 and "1-600" in refused["detail"]
+        status, _ = await issue(client, ttl=600)
+        assert status == 200
+        now = int(time.time())
+        too_long = jwt.encode({"sub": "x", "iat": now, "exp": now + 700, "scope": "feed:read",
+                               "topics": ["conversation:1"]}, SECRET, algorithm="HS256")
+        assert await feed_status(client, too_long) == 401  # would outlive a bl:jti: mark
+        assert await registry_violations(runtime.durable, "durable") == []
+    finally:
+        await rt.close()
 
 
 async def _status_is(client: TestClient[Any, Any], access: str, status: int) -> bool:
