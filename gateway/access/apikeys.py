@@ -70,7 +70,14 @@ class _Row:
 
 
 class ApiKeys:
-    """Verifies keys for one process: rows cached briefly, revocation marks checked always."""
+    """Verifies keys for one process: rows cached briefly, revocation marks checked always.
+
+    ``pool`` is the pool of client reads (``Runtime.pg_reads``): a key id not in the cache
+    costs a PostgreSQL read, and an unknown id is never kept, so a flood of made-up keys
+    (from many addresses: the brute-force barrier lets one address make only
+    ``brute_max_failures`` guesses, then blocks it before its key is looked at) queues on
+    that pool's few connections and is refused with 503 after its bounded wait
+    (``READ_WAIT_SECONDS``), never taking a connection the record's writers need."""
 
     def __init__(self, pool: asyncpg.Pool, auto: AutoPipeline) -> None:
         self.pool = pool

@@ -13,7 +13,9 @@ from typing import Protocol
 
 from aiohttp import web
 
+from gateway import keys
 from gateway.access import apikeys
+from gateway.access.bounded import Bounded
 from gateway.access.principal import ADMIN, Principal
 from gateway.access.revocation import Revocations
 from gateway.access.tokens import InvalidToken, TokenVerifier
@@ -29,6 +31,8 @@ from gateway.api.state import (
 from gateway.stores.runtime import Runtime
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+KEY_MARK_SECONDS = 1.0
+KEY_MARK_ENTRIES = 10_000
 
 
 class Barrier(Protocol):
@@ -64,8 +68,11 @@ class Authenticator:
         self.admin = _digest(settings.admin_token.get()) if settings.admin_token else None
         self.tokens = TokenVerifier(settings)
         self.revocations = Revocations(runtime.durable)
-        self.api_keys = apikeys.ApiKeys(runtime.pg, self.revocations.auto)
+        self.api_keys = apikeys.ApiKeys(runtime.pg_reads, self.revocations.auto)
         self.barrier = barrier
+        # For open streams only (every request checks the mark itself): key id -> (read at,
+        # revoked), so a key's many streams cost one read a second.
+        self._key_marks: Bounded[str, tuple[float, bool]] = Bounded(KEY_MARK_ENTRIES)
 
     async def __call__(self, request: web.Request, scope: str, query_token: bool,
                        checks_revocation: bool = False) -> Principal:
@@ -100,12 +107,26 @@ class Authenticator:
         return principal, ""
 
     async def still_valid(self, principal: object) -> bool:
-        """For an open stream: not expired and not revoked since it was authenticated."""
-        if not isinstance(principal, Principal) or principal.kind != "token":
+        """For an open stream: not expired and not revoked since it was authenticated (an
+        access token's ``bl:jti:``/``bl:sub:``, an API key's ``bl:key:``, each read at most
+        once a second per process)."""
+        if not isinstance(principal, Principal) or principal.is_admin:
             return True
+        if principal.kind == "apikey":
+            return not await self._key_revoked(principal.id)
         if principal.expires_at is not None and time.time() >= principal.expires_at:
             return False
         return not await self.revocations.revoked(principal, principal.issued_at)
+
+    async def _key_revoked(self, key_id: str) -> bool:
+        now = time.monotonic()
+        seen = self._key_marks.get(key_id)
+        if seen is None or now - seen[0] >= KEY_MARK_SECONDS:
+            revoked = bool(int(await self.revocations.auto.execute(
+                "EXISTS", keys.revoked_key(key_id))))
+            seen = (now, revoked)
+            self._key_marks.put(key_id, seen)
+        return seen[1]
 
     async def refuse(self, request: web.Request, reason: str) -> Exception:
         """The 401 for a credential the route itself found revoked, counted like any."""

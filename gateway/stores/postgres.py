@@ -4,6 +4,7 @@ pgvector's ``vector`` to numpy arrays where the extension is installed."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import asyncpg
 from pgvector import Vector
@@ -25,11 +26,39 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 # A statement that runs longer is cancelled by the client. Waits that may rightly be longer
 # (a busy chat's lock) are taken in server-bounded slices below it.
 COMMAND_TIMEOUT_SECONDS = 30.0
+# Opening a connection (TCP, TLS, authentication) takes at most this; asyncpg's default is
+# 60 s, and a stalled server accepts the TCP connection and then says nothing.
+CONNECT_SECONDS = 5.0
+
+
+class BoundedPool(asyncpg.Pool):
+    """An asyncpg pool whose ``acquire()`` waits at most ``acquire_seconds`` for a connection
+    (opening a new one included) unless the caller gives its own timeout; then
+    ``TimeoutError``, which a request answers with 503 + Retry-After. ``fetch``, ``execute``
+    and the other pool shortcuts acquire through it too. asyncpg gives the release of a
+    connection the same budget: a statement that timed out on a stalled server waits that
+    long for its cancellation, then the connection is dropped, not kept waiting."""
+
+    def __init__(self, *args: Any, acquire_seconds: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acquire_seconds = acquire_seconds
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        return super().acquire(timeout=self.acquire_seconds if timeout is None else timeout)
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
-                      command_timeout: float = COMMAND_TIMEOUT_SECONDS) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
-                                     init=_init_connection, command_timeout=command_timeout)
-    assert pool is not None
+                      command_timeout: float = COMMAND_TIMEOUT_SECONDS,
+                      acquire_seconds: float = COMMAND_TIMEOUT_SECONDS,
+                      connect_seconds: float = CONNECT_SECONDS) -> asyncpg.Pool:
+    """A pool whose statements are cancelled after ``command_timeout``, whose callers wait
+    at most ``acquire_seconds`` for a connection, and whose connections open within
+    ``connect_seconds``: no call on it waits without a bound."""
+    pool = BoundedPool(dsn, acquire_seconds=acquire_seconds, min_size=min_size,
+                       max_size=max_size, max_queries=50_000,
+                       max_inactive_connection_lifetime=300.0, init=_init_connection,
+                       loop=None, connection_class=asyncpg.Connection,
+                       record_class=asyncpg.Record, command_timeout=command_timeout,
+                       timeout=connect_seconds)
+    await pool
     return pool

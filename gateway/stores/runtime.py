@@ -18,15 +18,23 @@ from gateway.stores.redis import AnyRedis
 CLOSE_SECONDS = 10.0
 
 
-# Client reads (job status, feed pages, search, admin and dashboard reads) have pools of
-# their own, so a flood of them queues there and never takes the connections inbound writes,
-# the pipeline and the conversations need. A read waits at most this long for a connection.
+# Client reads (job status, feed pages, search, admin and dashboard reads, API-key checks)
+# have pools of their own, so a flood of them queues there and never takes the connections
+# inbound writes, the pipeline and the conversations need. A read waits at most
+# READ_WAIT_SECONDS for a connection (on PostgreSQL opening one included), then 503 +
+# Retry-After.
 READ_REDIS_CONNECTIONS = 16
 READ_PG_CONNECTIONS = 4
 READ_WAIT_SECONDS = 2.0
 # A client read's statement is cancelled after this (503 + Retry-After): a stalled or locked
 # database gives the reader a fast answer; the record's own writers keep the 30 s budget.
 READ_STATEMENT_SECONDS = 5.0
+# The longest a client read can take on a stalled PostgreSQL: the wait for a connection, one
+# statement, and the connection's release (asyncpg gives it the wait's budget: a statement
+# that timed out waits that long for its cancellation, then the connection is dropped).
+# Most reads are refused sooner: once the read pool's connections are stuck, a new read
+# fails its wait for one (READ_WAIT_SECONDS).
+READ_PG_BUDGET_SECONDS = READ_WAIT_SECONDS + READ_STATEMENT_SECONDS + READ_WAIT_SECONDS
 
 
 @dataclass
@@ -105,8 +113,9 @@ async def open_runtime(settings: Settings, *, pg_max_size: int = 10) -> Runtime:
     pools: list[asyncpg.Pool] = []
     try:
         pools.append(await create_pool(database_url, max_size=pg_max_size))
-        pools.append(await create_pool(database_url, min_size=0, max_size=READ_PG_CONNECTIONS,
-                                       command_timeout=READ_STATEMENT_SECONDS))
+        pools.append(await create_pool(database_url, max_size=READ_PG_CONNECTIONS,
+                                       command_timeout=READ_STATEMENT_SECONDS,
+                                       acquire_seconds=READ_WAIT_SECONDS))
     except BaseException:
         for pool in pools:
             pool.terminate()
