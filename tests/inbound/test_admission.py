@@ -5,12 +5,16 @@ answered."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from gateway.access import apikeys
+from gateway.access.principal import parse_scopes
+from gateway.inbound import admission
 from gateway.stores.runtime import open_runtime
 from gateway.web.app import create_app
 from tests.fakes import FakeSlack, FakeTelegram
@@ -85,5 +89,40 @@ async def test_jobs_give_way_first_then_webhooks_and_chats_go_on(
         await fill_to(rt.durable, 0.9)
         await chats_go_on(client, app, fake_telegram, fake_slack)  # chats go on
         assert (await job(), await webhook()) == (503, 503)
+    finally:
+        await rt.close()
+
+
+async def test_a_flood_inside_one_refresh_overshoots_by_at_most_the_quotas(
+        settings: Any, redis_factory: Callable[..., Any], make_client: Callable[..., Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ratio is re-read at most every 0.5 s, so jobs that arrive between two reads are
+    all admitted by class. Worst case here, the whole flood inside one (endless) window at
+    68 %: what gets in is bounded by the per-credential byte quotas, and the rest is 429."""
+    monkeypatch.setattr(admission, "REFRESH_SECONDS", 3600.0)
+    quota, size, per_credential = 2 * 2**20, 192 * 2**10, 40
+    server = redis_factory("durable", maxmemory="64mb")
+    rt = await open_runtime(dataclasses.replace(settings, durable_url=server.url, sections={
+        **settings.sections, "quotas": {"bytes_per_credential": quota}}))
+    try:
+        client = await make_client(create_app(rt, COMPONENTS), rt=rt)
+        keys = [str((await apikeys.create(rt.pg, name, parse_scopes("jobs:write"), ()))["key"])
+                for name in ("flood-a", "flood-b")]
+        await fill_to(rt.durable, 0.68)
+        before = int((await rt.durable.info("memory"))["used_memory"])
+
+        async def job(key: str, n: int) -> int:
+            async with client.post("/v1/jobs", json={"document": {"text": f"{n:06d}" + "x" * (
+                    size - 6)}}, headers={"Authorization": f"Bearer {key}"}) as response:
+                return response.status
+
+        statuses = await asyncio.gather(*(job(key, n) for key in keys
+                                          for n in range(per_credential)))
+        after = int((await rt.durable.info("memory"))["used_memory"])
+        for i in range(len(keys)):
+            mine = statuses[i * per_credential:(i + 1) * per_credential]
+            assert set(mine) == {202, 429}, mine  # never refused by class: the window
+            assert 0 < mine.count(202) * size <= quota
+        assert after - before < 2 * len(keys) * quota  # not the flood's 15 MiB
     finally:
         await rt.close()
