@@ -106,6 +106,10 @@ class Settings:
     max_failures: int = 3
     listener_lease_seconds: int = 15
     max_body_bytes: int = 1024 * 1024
+    # What one document may add to PostgreSQL beside itself: its first chunks (each with a
+    # vector) and its first graph edges, in the order of the text.
+    max_chunks_per_document: int = 1500
+    max_edges_per_document: int = 1000
     # "aof": a write to redis-durable is acknowledged only once WAITAOF confirms it on disk.
     durable_ack: str = "none"
     # Access tokens (JWT): HS256 with the secret, and/or keys of an identity provider's JWKS.
@@ -181,6 +185,13 @@ def _parse_seconds(name: str, value: str) -> int:
     if seconds <= 0:
         raise ConfigError(name, f"must be a positive number of seconds (got {seconds})")
     return seconds
+
+
+def _parse_count(name: str, value: str) -> int:
+    count = _parse_int(name, value)
+    if count <= 0:
+        raise ConfigError(name, f"must be a positive whole number (got {count})")
+    return count
 
 
 def _parse_secret(name: str, value: str) -> Secret:
@@ -271,6 +282,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_MAX_FAILURES": ("max_failures", _parse_seconds),
     "GATEWAY_LISTENER_LEASE_SECONDS": ("listener_lease_seconds", _parse_seconds),
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _parse_seconds),
+    "GATEWAY_MAX_CHUNKS_PER_DOCUMENT": ("max_chunks_per_document", _parse_count),
+    "GATEWAY_MAX_EDGES_PER_DOCUMENT": ("max_edges_per_document", _parse_count),
     "GATEWAY_DURABLE_ACK": ("durable_ack", _parse_durable_ack),
     "GATEWAY_JWT_SECRET": ("jwt_secret", _parse_secret),
     "GATEWAY_JWT_JWKS_URL": ("jwt_jwks_url", _parse_http_url),
