@@ -28,6 +28,9 @@ AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 # work in bounded batches; WAITAOF waits at most 2 s), so this is far above a healthy reply.
 REDIS_TIMEOUT_SECONDS = 3.0
 
+# Connections per client on a single instance or Sentinel unless the caller says otherwise.
+DEFAULT_CONNECTIONS = 64
+
 _COMMON: dict[str, Any] = {
     "decode_responses": True,
     "protocol": 2,
@@ -50,29 +53,37 @@ def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].endswith("+cluster")
 
 
-def connect(url: str, *, variable: str, max_connections: int = 64,
+def connect(url: str, *, variable: str, max_connections: int | None = None,
             wait_for_connection: float | None = None) -> AnyRedis:
     """A lazily-connecting client; nothing is contacted until the first command.
-    ``wait_for_connection``: with all ``max_connections`` in use, a command waits this long
-    for one to come free (then ``ConnectionError``) instead of failing at once: for the
-    pool of client reads, where a burst should queue, not fail (single instance only; a
-    cluster client keeps a pool per node)."""
+
+    ``max_connections`` bounds the client's connections: on a single instance or Sentinel
+    its one pool (default 64), on a cluster the pool of each node (default redis-py's, 100).
+    Past it a command fails at once with ``MaxConnectionsError`` (a ``ConnectionError``:
+    503 + Retry-After on a request), except that with ``wait_for_connection`` a single
+    instance's command first waits that long for a connection to come free (then
+    ``ConnectionError``): for the pool of client reads, where a burst should queue, not
+    fail. redis-py's cluster and Sentinel pools cannot wait, so there a read past the limit
+    is refused at once."""
     scheme = url.split("://", 1)[0]
     if scheme.endswith("+sentinel"):
         return connect_sentinel(url, variable=variable, retry=_retry(),
                                 retry_on_error=[RedisConnectionError],
-                                max_connections=max_connections, **_COMMON)
+                                max_connections=max_connections or DEFAULT_CONNECTIONS,
+                                **_COMMON)
     if is_cluster_url(url):
         plain = url.replace("+cluster", "", 1)
-        return GatewayCluster.from_url(plain, retry=_retry(), **_COMMON)
+        per_node = {} if max_connections is None else {"max_connections": max_connections}
+        return GatewayCluster.from_url(plain, retry=_retry(), **per_node, **_COMMON)
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(variable, f"unsupported Redis URL scheme {scheme!r}")
     if wait_for_connection is not None:
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=wait_for_connection,
-            retry=_retry(), retry_on_error=[RedisConnectionError], **_COMMON)
+            url, max_connections=max_connections or DEFAULT_CONNECTIONS,
+            timeout=wait_for_connection, retry=_retry(), retry_on_error=[RedisConnectionError],
+            **_COMMON)
         return aioredis.Redis(connection_pool=pool)
     return aioredis.from_url(
         url, retry=_retry(), retry_on_error=[RedisConnectionError],
-        max_connections=max_connections, **_COMMON,
+        max_connections=max_connections or DEFAULT_CONNECTIONS, **_COMMON,
     )
