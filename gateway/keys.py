@@ -47,8 +47,9 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "the window", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
-    Row("bl:", "revoked access-token ids (jti), per-account not-before marks, revoked API keys",
-        "durable", "the token's remaining lifetime", "access"),
+    Row("bl:", "revoked access-token ids (jti), per-account not-before marks, revoked API "
+        "keys, per-account chat-link removals", "durable", "the token's remaining lifetime",
+        "access"),
     Row("grace:", "refresh-rotation grace: a just-spent refresh token -> its new pair",
         "durable", "10 s", "access"),
     Row("sync:", "a short-lived write per Redis Cluster primary that WAITAOF waits on "
@@ -129,6 +130,12 @@ def revoked_key(key_id: str) -> str:
 def revoked_before(sub: str) -> str:
     """Tokens of ``sub`` issued before the value (Unix seconds) are refused."""
     return _join("bl:", "sub", sub)
+
+
+def unlinked(sub: str) -> str:
+    """A chat link of ``sub`` was removed (a new random value each time): every process drops
+    the link grants it keeps for that account, so streams reading through it end."""
+    return _join("bl:", "link", sub)
 
 
 def refresh_grace(token_hash: str) -> str:

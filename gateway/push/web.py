@@ -65,19 +65,23 @@ Watch = Callable[[Subscriber], Coroutine[Any, Any, None]]
 
 
 def watch_credential(request: web.Request) -> Watch | None:
-    """For a stream opened with an access token: end it when the token expires
-    (``token_expired``) or is revoked (``revoked``), so the client refreshes and resumes."""
+    """For a stream opened with an access token or an API key: end it when the token expires
+    (``token_expired``), when the token or the key is revoked (``revoked``), so the client
+    refreshes and resumes, and when a chat link it reads a topic through is removed
+    (``forbidden``: reconnecting without that topic is the client's call)."""
     principal = principal_of(request)
     still_valid = request.app.get(STILL_VALID)
-    if principal.expires_at is None or still_valid is None:
+    if principal.is_admin or still_valid is None:
         return None
-    valid = still_valid
+    valid, grant = still_valid, request.app.get(TOPIC_GRANT)
     expires_at = principal.expires_at
 
     async def watch(sub: Subscriber) -> None:
+        linked = [t for t in sub.topics if not principal.may_read(t)] if grant else []
         while True:
-            await asyncio.sleep(max(0.0, min(WATCH_SECONDS, expires_at - time.time())))
-            if time.time() >= expires_at:
+            left = WATCH_SECONDS if expires_at is None else expires_at - time.time()
+            await asyncio.sleep(max(0.0, min(WATCH_SECONDS, left)))
+            if expires_at is not None and time.time() >= expires_at:
                 sub.close("token_expired: the access token expired; refresh it and reconnect"
                           " with Last-Event-ID")
                 return
@@ -85,6 +89,12 @@ def watch_credential(request: web.Request) -> Watch | None:
                 if not await valid(principal):
                     sub.close("revoked: the credential was revoked")
                     return
+                if linked and grant is not None:
+                    lost = set(linked) - await grant(principal, linked)
+                    if lost:
+                        sub.close("forbidden: a chat link this stream read through was removed"
+                                  f" ({', '.join(sorted(lost))[:200]})")
+                        return
 
     return watch
 

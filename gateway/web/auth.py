@@ -11,7 +11,8 @@
   (the account's refresh families, then a not-before mark: every token issued until now).
 - ``POST /v1/auth/link-code``, ``GET /v1/auth/links``, ``DELETE /v1/auth/links/{id}``: an
   access token's account links chats (``gateway.conversations.links``) and then reads their
-  ``conversation:<id>`` topics.
+  ``conversation:<id>`` topics (``gateway.access.grants``: a removed link ends the streams
+  that read through it).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 
 from gateway.access.authenticate import AUTHENTICATOR
+from gateway.access.grants import LinkGrants
 from gateway.access.principal import parse_scopes
 from gateway.access.refresh import PREFIX as REFRESH_PREFIX
 from gateway.access.refresh import Grant, Issuer, Refused, narrower
@@ -154,24 +155,12 @@ def _account(request: web.Request) -> str:
     return account
 
 
-async def _grant(pool: asyncpg.Pool, principal: Principal, topics: list[str]) -> set[str]:
-    """``conversation:<id>`` topics of chats linked to the principal's account."""
-    if principal.account is None:
-        return set()
-    ids = {int(t.split(":", 1)[1]): t for t in topics
-           if t.startswith("conversation:") and t.split(":", 1)[1].isdigit()
-           and len(t) < 40}
-    if not ids:
-        return set()
-    found = await links.linked_conversations(pool, principal.account, list(ids))
-    return {ids[i] for i in found}
-
-
 def setup(app: web.Application, runtime: Runtime) -> None:
     auth = AuthRoutes(app, runtime)
+    grants = LinkGrants(runtime.pg, runtime.durable, auth.revocations.auto)
 
     async def grant(principal: Principal, topics: list[str]) -> set[str]:
-        return await _grant(runtime.pg, principal, topics)
+        return await grants.grant(principal, topics)
 
     async def link_code(request: web.Request) -> web.Response:
         return web.json_response(await links.new_code(runtime.pg, _account(request)))
@@ -184,7 +173,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         raw = request.match_info["id"]
         if not raw.isdigit() or len(raw) > 18:
             raise ApiError(404, "not_found", "no such link")
-        if not await links.unlink(runtime.pg, _account(request), int(raw)):
+        if not await grants.unlink(_account(request), int(raw)):
             raise ApiError(404, "not_found", "no such link of this account")
         return web.json_response({"deleted": int(raw)})
 

@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway import keys
+from gateway.access import apikeys
 from gateway.access.refresh import token_hash
 from gateway.access.tokens import mint
 from gateway.config import Secret, Settings
@@ -221,6 +222,21 @@ async def test_a_stream_ends_when_its_token_is_revoked(client: TestClient[Any, A
         assert revoked.status == 200
     async with asyncio.timeout(6):  # 2 s watch + 1 s cache, within the 5 s promised
         assert await reading == "revoked"
+
+
+async def test_a_stream_ends_when_its_api_key_is_revoked(client: TestClient[Any, Any],
+                                                          runtime: Runtime) -> None:
+    created = await apikeys.create(runtime.pg, "reader", frozenset({"feed:read"}),
+                                   ("conversation:1",))
+    reading = asyncio.create_task(_disconnect_reason(client, created["key"]))
+    hub = client.server.app[HUB]  # type: ignore[union-attr]
+    await wait_until(lambda: hub.subscriber_count == 1, timeout=5, message="stream open")
+    assert await apikeys.revoke(runtime.pg, runtime.durable, created["id"])
+    started = time.monotonic()
+    async with asyncio.timeout(6):
+        assert await reading == "revoked"
+    assert time.monotonic() - started <= 5  # the bound promised: 2 s watch + 1 s cache
+    await wait_until(lambda: hub.subscriber_count == 0, timeout=5, message="unsubscribed")
 
 
 async def test_push_client_refreshes_and_resumes_across_expiry(

@@ -4,7 +4,11 @@ links are listed and removed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,10 +20,11 @@ from gateway.config import Secret, Settings
 from gateway.conversations import links
 from gateway.conversations.model import Incoming
 from gateway.conversations.service import service_for
+from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.conversations.fast import with_sections
-from tests.helpers import registry_violations
+from tests.helpers import registry_violations, wait_until
 
 SECRET = "links-test-secret-0123456789-0123456789"
 
@@ -85,6 +90,55 @@ async def test_a_linked_chat_is_readable_by_its_account_only(
     async with client.delete(f"/v1/auth/links/{link['id']}", headers=bearer("alice")) as gone:
         assert gone.status == 200
     assert await feed_status(client, conversation, bearer("alice")) == 403
+
+
+async def stream_reason(client: TestClient[Any, Any], topic: str,
+                        headers: dict[str, str]) -> str:
+    async with client.get(f"/v1/stream?topics={topic}", headers=headers) as response:
+        assert response.status == 200
+        async for line in response.content:
+            if line.startswith(b"data: ") and b'"reason"' in line:
+                return str(json.loads(line[6:])["reason"])
+    raise AssertionError("the stream ended without gateway.disconnect")
+
+
+async def test_removing_a_link_ends_the_streams_reading_through_it(
+        rt: Runtime, client: TestClient[Any, Any], settings: Settings,
+        make_client: Callable[..., Any]) -> None:
+    """The stream is on another replica than the DELETE: it learns of the removal from
+    bl:link:<sub> and ends (forbidden) within the 5 s bound; a stream reading by its own
+    topic patterns is not touched."""
+    await say(rt, "888", "hello", "1")
+    conversation = await rt.pg.fetchval("SELECT id FROM conversations WHERE chat = '888'")
+    async with client.post("/v1/auth/link-code", headers=bearer("alice")) as issued:
+        code = (await issued.json())["code"]
+    assert await say(rt, "888", f"/link {code}", "2") == [links.LINKED]
+    other_rt = await open_runtime(dataclasses.replace(with_sections(settings),
+                                                      jwt_secret=Secret(SECRET)))
+    try:
+        replica = await make_client(create_app(other_rt), rt=other_rt)
+        topic = f"conversation:{conversation}"
+        linked = asyncio.create_task(stream_reason(replica, topic, bearer("alice")))
+        own = asyncio.create_task(stream_reason(replica, topic, bearer("bob", (topic,))))
+        hub = replica.server.app[HUB]
+        await wait_until(lambda: hub.subscriber_count == 2, timeout=5, message="streams open")
+        async with client.get("/v1/auth/links", headers=bearer("alice")) as listed:
+            [link] = (await listed.json())["links"]
+        async with client.delete(f"/v1/auth/links/{link['id']}",
+                                 headers=bearer("alice")) as gone:
+            assert gone.status == 200
+        started = time.monotonic()
+        async with asyncio.timeout(6):
+            assert await linked == "forbidden"
+        assert time.monotonic() - started <= 5
+        assert await feed_status(client, conversation, bearer("alice")) == 403
+        assert not own.done() and hub.subscriber_count >= 1  # bob reads it by his pattern
+        own.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await own
+        assert await registry_violations(rt.durable, "durable") == []
+    finally:
+        await other_rt.close()
 
 
 async def test_wrong_codes_are_limited_per_chat(rt: Runtime,
