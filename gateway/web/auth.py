@@ -5,7 +5,8 @@
 - ``POST /v1/auth/refresh`` ``{"refresh_token"}`` → the next pair (the token is the
   credential; refusals count in the address's brute-force barrier).
 - ``POST /v1/auth/revoke`` ``{"token"}``: the holder ends an access token (``bl:``) or a
-  refresh token's family; answered 200 either way (RFC 7009), so it reveals nothing.
+  refresh token's family; answered ``200 {}`` whatever the token (RFC 7009: unknown,
+  expired, already revoked or revoked now look the same), so it reveals nothing about it.
 - ``POST /v1/admin/revoke`` (``admin``): ``{"jti"}`` (``bl:jti:`` kept for the longest life
   an accepted token can have: ``[access] max_token_seconds`` + the 5 s leeway) or ``{"sub"}``
   (the account's refresh families, then a not-before mark: every token issued until now).
@@ -118,9 +119,8 @@ class AuthRoutes:
     async def revoke(self, request: web.Request) -> web.Response:
         presented = _text(await _body(request), "token")
         assert presented is not None
-        revoked = False
         if presented.startswith(REFRESH_PREFIX):
-            revoked = await self._issuing().revoke_token(presented)
+            await self._issuing().revoke_token(presented)
         elif self.verifier.enabled:
             try:
                 principal = await self.verifier.verify(presented)
@@ -129,8 +129,7 @@ class AuthRoutes:
             if principal is not None and principal.jti:
                 await self.revocations.revoke_jti(principal.jti, principal.expires_at,
                                                   self.longest)
-                revoked = True
-        return web.json_response({"revoked": revoked})
+        return web.json_response({})  # the same answer whatever the token was
 
     async def admin_revoke(self, request: web.Request) -> web.Response:
         body = await _body(request)

@@ -34,11 +34,16 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return None
 
     async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+        if not request.path.startswith(PREFIXES):
+            return
+        # Every answer of these routes depends on Origin (the allowed ones get the headers,
+        # others and none do not): a shared cache must not hand one origin's to another.
+        if not any("origin" in v.lower() for v in response.headers.getall("Vary", [])):
+            response.headers.add("Vary", "Origin")
         origin = origin_of(request)
         if origin is not None:
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
-            response.headers.add("Vary", "Origin")
 
     async def preflight(request: web.Request) -> web.Response:
         response = web.Response(status=204)

@@ -309,3 +309,21 @@ async def test_cors_for_the_configured_origins_only(apps: Callable[..., Any]) ->
     async with client.get("/v1/admin/queues",
                           headers={"Origin": "https://app.example"}) as admin:
         assert "Access-Control-Allow-Origin" not in admin.headers  # not a browser route
+        assert "Vary" not in admin.headers
+
+
+async def test_cors_routes_vary_on_origin_whatever_the_origin(
+        apps: Callable[..., Any]) -> None:
+    """A shared cache must not serve one origin's answer (with or without the CORS headers)
+    to another: every answer of a CORS route says it varies on Origin."""
+    client = await apps(cors_origins=("https://app.example",))
+    for origin in ({"Origin": "https://app.example"}, {"Origin": "https://evil.example"}, {}):
+        async with client.get("/v1/feed?topic=pipeline", headers=origin) as response:
+            assert response.status == 200
+            assert response.headers.getall("Vary") == ["Origin"], origin
+        async with client.options("/v1/feed", headers={
+                **origin, "Access-Control-Request-Method": "GET"}) as preflight:
+            assert preflight.headers.getall("Vary") == ["Origin"], origin
+        async with client.post("/v1/auth/revoke", json={"token": "x"},
+                               headers={**origin, "Authorization": ""}) as revoke:
+            assert "Origin" in revoke.headers.getall("Vary"), origin
