@@ -4,7 +4,11 @@ Every attempt passes the ``rl:`` limiter of its provider (a concurrent slot, the
 and the estimated tokens in one instant; the tokens are corrected from the reported usage
 afterwards). A ``429`` waits its ``Retry-After`` (at most ``max_retry_after_seconds``, at most
 ``retries_on_429`` times; the slot is given back while waiting) and retries the same
-provider; a ``5xx``, a timeout, a refused connection or a refused key moves on to the next
+provider. A 429's ``Retry-After`` also becomes the provider's cool-down in ``rl:``, written
+before the attempt's slot is given back: every caller on every replica waits it out in the
+limiter (read in its admission script, no round trip of its own), or, when more of it is left
+than ``max_retry_after_seconds``, moves on to the next provider at once without calling.
+A ``5xx``, a timeout, a refused connection or a refused key moves on to the next
 provider; a request the provider calls malformed (400, 422) stops, since every provider would
 refuse it. Callers see ``ChainFailed`` when nothing answered (the bot apologises) and
 ``OverBudget`` when a ``[budgets]`` limit is reached (checked once before the first attempt).
@@ -16,6 +20,7 @@ closing it) is counted on an estimate of what was sent: the provider worked for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -32,6 +37,7 @@ from gateway.providers.client import (
 )
 from gateway.providers.errors import ChainFailed, ProviderError, RateLimited, Rejected
 from gateway.providers.usage import Charge, UsageLedger
+from gateway.ratelimit.limiter import CoolingDown
 from gateway.ratelimit.limits import Providers, Ticket
 
 log = logging.getLogger(__name__)
@@ -103,6 +109,32 @@ class Chain:
         await ticket.settle(usage.total)
         await self._record(client, model, "chat", usage, charge)
 
+    @contextlib.asynccontextmanager
+    async def _admitted(self, client: OpenAIClient, estimate: int) -> AsyncIterator[Ticket]:
+        """One attempt inside ``client``'s limits. A 429 with ``Retry-After`` in the block
+        becomes the provider's cool-down before the slot is given back, so no caller that
+        waited for the slot calls in between; a cool-down longer than this provider's
+        ``max_retry_after_seconds`` is that provider's ``RateLimited`` without a call."""
+        try:
+            async with self.limits.call(
+                    client.name, tokens=estimate,
+                    max_cooldown=client.config.max_retry_after_seconds) as ticket:
+                try:
+                    yield ticket
+                except RateLimited as error:
+                    if error.retry_after:
+                        await self._cool_down(client, error.retry_after)
+                    raise
+        except CoolingDown as cooling:
+            raise RateLimited(client.name, cooling.seconds,
+                              "cooling down after a 429") from None
+
+    async def _cool_down(self, client: OpenAIClient, seconds: float) -> None:
+        try:
+            await self.limits.cool_down(client.name, seconds)
+        except Exception as exc:  # the 429 is still waited out by the one that got it
+            log.warning("%s: cool-down of %.1f s not recorded: %s", client.name, seconds, exc)
+
     async def _go_on(self, client: OpenAIClient, error: ProviderError, retried: int,
                      failures: list[ProviderError]) -> bool:
         """After a failed attempt: True to retry ``client`` (its 429 has been waited out),
@@ -129,7 +161,7 @@ class Chain:
             retried = 0
             while True:
                 try:
-                    async with self.limits.call(client.name, tokens=estimate) as ticket:
+                    async with self._admitted(client, estimate) as ticket:
                         result = await call(client)
                         await ticket.settle(result.usage.total)
                 except ProviderError as error:
@@ -151,7 +183,7 @@ class Chain:
             while True:
                 sent: list[str] = []
                 try:
-                    async with self.limits.call(client.name, tokens=estimate) as ticket:
+                    async with self._admitted(client, estimate) as ticket:
                         inner = client.stream_chat(model, messages, max_tokens=max_tokens)
                         try:
                             async for delta in inner:

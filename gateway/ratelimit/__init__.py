@@ -2,7 +2,7 @@
 slots on Redis time), the platform limits every outbound message passes, and ``Providers``,
 the budget handlers use when they call model providers."""
 
-from gateway.ratelimit.limiter import Decision, Limiter, LimitError, Window
+from gateway.ratelimit.limiter import CoolingDown, Decision, Limiter, LimitError, Window
 from gateway.ratelimit.limits import (
     PLATFORM_LIMITS,
     PROVIDER_LIMITS,
@@ -17,6 +17,7 @@ from gateway.ratelimit.limits import (
 __all__ = [
     "PLATFORM_LIMITS",
     "PROVIDER_LIMITS",
+    "CoolingDown",
     "Decision",
     "LimitError",
     "Limiter",

@@ -6,6 +6,10 @@ limit through around its edge. The log is exact (every half-open interval of one
 at most ``rate`` units) and also handles weighted costs, which token budgets need. Its memory is
 one ZSET member per admitted attempt still inside the window, small for the limits we use;
 a running total beside it keeps each call O(log n) (see window.lua).
+
+A group of windows may also have a *cool-down* (``cool_down``: a provider's 429 with
+``Retry-After``): a deadline in ``rl:cooldown:{<tag>}`` that the group's admission script
+reads in the same call, so every caller on every replica waits it out at no extra cost.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ _WINDOW = _LOG + (_HERE / "window.lua").read_text()
 _WINDOWS = _LOG + (_HERE / "windows.lua").read_text()
 _AMEND = _CLOCK + (_HERE / "amend.lua").read_text()
 _SLOTS = _CLOCK + (_HERE / "slots.lua").read_text()
+_COOLDOWN = _CLOCK + (_HERE / "cooldown.lua").read_text()
 _MICRO = 1_000_000
 
 
@@ -41,6 +46,11 @@ def window_key(name: str) -> str:
 def group_key(tag: str, part: str) -> str:
     """The log of one of several limits taken together (``acquire_all``): one hash tag."""
     return keys.rl("window", "{" + tag + "}", part)
+
+
+def cooldown_key(tag: str) -> str:
+    """A group's cool-down deadline (same hash tag as its logs); expires with it."""
+    return keys.rl("cooldown", "{" + tag + "}")
 
 
 @dataclass(frozen=True)
@@ -65,13 +75,24 @@ class LimitError(ValueError):
     """An attempt can never be admitted (its cost exceeds the limit) or the wait is too long."""
 
 
+class CoolingDown(LimitError):
+    """The group's cool-down lasts ``seconds`` more, longer than the caller would wait."""
+
+    def __init__(self, tag: str, seconds: float) -> None:
+        super().__init__(f"{tag}: cooling down for {seconds:.1f} s more")
+        self.tag = tag
+        self.seconds = seconds
+
+
 @dataclass(frozen=True)
 class Decision:
-    """One attempt: admitted or not, how long to wait before retrying, and Redis's clock."""
+    """One attempt: admitted or not, how long to wait before retrying, and Redis's clock;
+    ``cooling``: the wait is the group's cool-down's."""
 
     admitted: bool
     wait: float
     now: float
+    cooling: bool = False
 
 
 class Limiter:
@@ -86,6 +107,7 @@ class Limiter:
         self._slots: Any = redis.register_script(_SLOTS)
         self._windows: Any = redis.register_script(_WINDOWS)
         self._amend: Any = redis.register_script(_AMEND)
+        self._cooldown: Any = redis.register_script(_COOLDOWN)
 
     async def check(self, name: str, *, rate: float, period: float, burst: int = 1,
                     cost: int = 1, now: float | None = None) -> Decision:
@@ -134,8 +156,9 @@ class Limiter:
             await asyncio.sleep(wait)
 
     async def check_all(self, tag: str, windows: list[Window], *, attempt: str,
-                        now: float | None = None) -> Decision:
-        """Admit ``attempt`` in every window of the group at one instant, or in none."""
+                        now: float | None = None, cooldown: bool = False) -> Decision:
+        """Admit ``attempt`` in every window of the group at one instant, or in none;
+        ``cooldown``: and not before the group's cool-down ends (read in the same call)."""
         if not windows or any(w.limit < 1 or w.period <= 0 or w.cost < 0 for w in windows):
             raise LimitError("limits and periods must be positive, costs not negative")
         log_keys: list[str] = []
@@ -143,26 +166,43 @@ class Limiter:
         for w in windows:
             log_keys += [group_key(tag, w.part), group_key(tag, w.part) + ":total"]
             args += [w.limit, round(w.period * _MICRO), w.cost]
+        if cooldown:
+            log_keys.append(cooldown_key(tag))
         args += [attempt, "" if now is None else str(round(now * _MICRO))]
-        admitted, wait_us, now_us = await self._windows(keys=log_keys, args=args)
+        admitted, wait_us, now_us, cooling = await self._windows(keys=log_keys, args=args)
         if int(admitted) < 0:
             raise LimitError(f"{tag}: a cost can never fit its limit: {windows}")
-        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO)
+        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO,
+                        int(cooling) == 1)
 
     async def acquire_all(self, tag: str, windows: list[Window], *,
-                          max_wait: float | None = None) -> str:
+                          max_wait: float | None = None, cooldown: bool = False,
+                          max_cooldown: float | None = None) -> str:
         """Wait (on Redis time) until admitted in every window at once; returns the attempt
-        id, which ``amend`` takes to correct a cost afterwards."""
+        id, which ``amend`` takes to correct a cost afterwards. ``cooldown``: the group's
+        cool-down is waited out too, unless more of it is left than ``max_cooldown``
+        (``CoolingDown`` at once: the caller may rather go elsewhere)."""
         attempt = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         deadline = None if max_wait is None else loop.time() + max_wait
         while True:
-            decision = await self.check_all(tag, windows, attempt=attempt)
+            decision = await self.check_all(tag, windows, attempt=attempt, cooldown=cooldown)
             if decision.admitted:
                 return attempt
+            if decision.cooling and max_cooldown is not None and decision.wait > max_cooldown:
+                raise CoolingDown(tag, decision.wait)
             if deadline is not None and loop.time() + decision.wait > deadline:
                 raise LimitError(f"{tag}: not admitted within {max_wait} s")
             await asyncio.sleep(decision.wait)
+
+    async def cool_down(self, tag: str, seconds: float, *, now: float | None = None) -> None:
+        """Admit nothing of the group for ``seconds`` from now (Redis time), for every
+        caller of ``check_all(..., cooldown=True)``; a later deadline already set stands."""
+        wait_us = round(seconds * _MICRO)
+        if wait_us <= 0:
+            return
+        await self._cooldown(keys=[cooldown_key(tag)],
+                             args=[wait_us, "" if now is None else str(round(now * _MICRO))])
 
     async def amend(self, tag: str, window: Window, attempt: str, cost: int) -> bool:
         """Set the cost of an admitted attempt in one window of its group to ``cost``, at its

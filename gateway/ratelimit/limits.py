@@ -144,6 +144,8 @@ class Providers:
     request admitted while its tokens waited would go out beside the next window's). All on
     shared Redis state: every replica counts against the same budget. ``ticket.settle(n)``
     corrects the tokens once the provider has said how many it counted.
+    ``cool_down(provider, seconds)`` (a 429's ``Retry-After``) holds back every ``call`` of
+    that provider, on every replica, until it is over.
     """
 
     def __init__(self, limiter: Limiter, table: Mapping[str, ProviderLimits]) -> None:
@@ -158,16 +160,32 @@ class Providers:
                            f"[providers.{provider}]") from None
 
     @contextlib.asynccontextmanager
-    async def call(self, provider: str, *, tokens: int = 0,
-                   lease: float = 300.0) -> AsyncIterator[Ticket]:
+    async def call(self, provider: str, *, tokens: int = 0, lease: float = 300.0,
+                   max_cooldown: float | None = None) -> AsyncIterator[Ticket]:
         """``tokens`` above the window's whole budget are counted as the whole budget (the
-        call then has the window to itself) rather than refused forever."""
+        call then has the window to itself) rather than refused forever. The provider's
+        cool-down (``cool_down``) is waited out with the windows, in the same script call;
+        with more of it left than ``max_cooldown``, ``CoolingDown`` is raised at once."""
         limits = self.limits(provider)
-        tag = f"provider:{provider}"
+        tag = _tag(provider)
         requests = Window("requests", limits.requests_per_minute, limits.window_seconds, 1)
         cost = min(max(0, int(tokens)), limits.tokens_per_minute)
         token_window = Window("tokens", limits.tokens_per_minute, limits.window_seconds, cost)
         async with self.limiter.slot(f"{tag}:concurrent", limit=limits.concurrent,
                                      lease=lease):
-            attempt = await self.limiter.acquire_all(tag, [requests, token_window])
+            attempt = await self.limiter.acquire_all(tag, [requests, token_window],
+                                                     cooldown=True, max_cooldown=max_cooldown)
             yield Ticket(self.limiter, tag, token_window, attempt)
+
+    async def cool_down(self, provider: str, seconds: float) -> None:
+        """The provider said wait (a 429's ``Retry-After``): no call of any caller on any
+        replica is admitted for ``seconds`` (at most ``MAX_COOLDOWN_SECONDS``)."""
+        await self.limiter.cool_down(_tag(provider), min(seconds, MAX_COOLDOWN_SECONDS))
+
+
+# A Retry-After longer than this is taken as this long: after it, one call asks again.
+MAX_COOLDOWN_SECONDS = 3600.0
+
+
+def _tag(provider: str) -> str:
+    return f"provider:{provider}"

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.providers import ChainFailed, RateLimited, Rejected, Unavailable
+from gateway.ratelimit.limiter import cooldown_key
+from gateway.stores.runtime import Runtime
 from tests.fakes.openai import FakeOpenAI, dead_port
 from tests.fakes.pytest_plugin import OPENAI_KEY
 from tests.providers.conftest import MakeProviders
@@ -35,10 +37,15 @@ async def test_429_waits_retry_after_then_succeeds_on_the_same_provider(
 
 
 async def test_429_beyond_the_bounds_moves_on(
-        fake_openai: FakeOpenAI, second: FakeOpenAI, make_providers: MakeProviders) -> None:
+        fake_openai: FakeOpenAI, second: FakeOpenAI, make_providers: MakeProviders,
+        runtime: Runtime) -> None:
     fake_openai.fail("chat", 429, retry_after=120)  # above max_retry_after_seconds (30)
     chain = make_providers(("a", fake_openai), ("b", second)).chain(["a", "b"])
     assert (await chain.chat("m", HELLO)).provider == "b"
+    # The provider's cool-down holds for 120 s: the next call goes to b without asking a.
+    assert (await chain.chat("m", HELLO)).provider == "b"
+    assert len(fake_openai.calls_to("chat")) == 1 and len(second.calls_to("chat")) == 2
+    await runtime.durable.delete(cooldown_key("provider:a"))  # two minutes later, as it were
     fake_openai.fail("chat", 429, retry_after=0, times=3)  # retries_on_429 = 2 below
     chain = make_providers(("a", fake_openai), ("b", second), retries_on_429=2).chain(["a", "b"])
     fake_openai.reset_calls()
