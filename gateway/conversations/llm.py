@@ -31,7 +31,6 @@ from gateway.conversations.store import Message
 from gateway.providers import (
     Charge,
     OverBudget,
-    budgets,
     estimate_tokens,
     provider_configs,
     shared_providers,
@@ -91,7 +90,6 @@ class LlmHandler:
         self.model = model
         self.system_prompt = prompt or None
         self.history_tokens = tokens
-        self.per_account = budgets(settings).per_account is not None
 
     async def __call__(self, ctx: Context) -> Reply:
         if ctx.command in COMMANDS:
@@ -110,15 +108,13 @@ class LlmHandler:
         return prompt
 
     async def _charge(self, ctx: Context) -> Charge:
-        """Whom the call is charged to: the chat, and its first linked account (only read
-        when a per-account budget is configured)."""
+        """Whom the call is charged to: the chat, and its first linked account, if any (its
+        usage rows name it whether or not a per-account budget is configured)."""
         incoming = ctx.incoming
         key = chat_key(incoming)
-        account = None
-        if self.per_account:
-            account = await ctx.runtime.pg.fetchval(
-                "SELECT sub FROM chat_links WHERE platform = $1 AND chat_key = $2"
-                " ORDER BY created_at LIMIT 1", incoming.platform, key)
+        account = await ctx.runtime.pg.fetchval(
+            "SELECT sub FROM chat_links WHERE platform = $1 AND chat_key = $2"
+            " ORDER BY created_at LIMIT 1", incoming.platform, key)
         return Charge(chat=f"{incoming.platform}:{key}", account=account)
 
     async def _reply(self, ctx: Context, messages: list[ChatMessage],
