@@ -8,16 +8,27 @@ signal, a dropped connection or a server restart costs latency, never a row.
     async with PushClient("http://127.0.0.1:8080", ["pipeline"]) as client:
         async for row in client:
             ...
+
+With an access token and its refresh token (``POST /v1/auth/token`` answers both), a
+``TokenRefresher`` keeps the stream going across expiries and revocations of the access
+token:
+
+    refresher = TokenRefresher(url, pair["refresh_token"], access_token=pair["access_token"],
+                               expires_in=pair["expires_in"], on_rotate=store_refresh_token)
+    async with PushClient(url, ["conversation:7"], credential=refresher) as client: ...
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import aiohttp
 
@@ -28,6 +39,85 @@ log = logging.getLogger("gateway.push.client")
 
 class PushError(RuntimeError):
     """The server refused the stream or the feed (status and JSON error in the message)."""
+
+
+class RefreshRefused(Exception):
+    """The refresh token was refused (401: expired, revoked, or reused after its rotation):
+    only a new login helps. It stops the PushClient: ``get()`` raises it."""
+
+
+# Disconnect reasons that mean "this access token is done": get another before reconnecting.
+CREDENTIAL_ENDED = ("token_expired", "revoked")
+
+
+class TokenRefresher:
+    """A ``credential`` for ``PushClient`` that keeps an access token fresh through
+    ``POST /v1/auth/refresh``.
+
+    It holds the refresh token and spends it for the next pair when the access token nears
+    its end (a quarter of its life before, at most ``margin_seconds``), and at once after
+    the server ended a stream for the token or refused it (``PushClient`` calls
+    ``invalidate()``). Every refresh rotates the refresh token: ``on_rotate`` (sync or async)
+    gets each new one, for an app that keeps it across restarts. A refused refresh token
+    raises ``RefreshRefused``; other failures (network, 429, 5xx) raise ``PushError``, and
+    the client tries again after its backoff (a refresh whose answer was lost is answered
+    again with the same pair within the server's 10 s grace)."""
+
+    def __init__(self, base_url: str, refresh_token: str, *, access_token: str | None = None,
+                 expires_in: float | None = None, margin_seconds: float = 30.0,
+                 session: aiohttp.ClientSession | None = None,
+                 on_rotate: Callable[[str], object] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.refresh_token = refresh_token
+        self.margin_seconds = margin_seconds
+        self.on_rotate = on_rotate
+        self.refreshes = 0
+        self._session = session
+        self._access = access_token
+        self._refresh_at = (self._deadline(expires_in) if access_token and expires_in
+                            else 0.0)
+        self._stale = access_token is None
+        self._lock = asyncio.Lock()
+
+    def _deadline(self, expires_in: float) -> float:
+        return time.monotonic() + expires_in - min(self.margin_seconds, expires_in / 4)
+
+    def invalidate(self) -> None:
+        """The server ended or refused the current access token: refresh at the next ask."""
+        self._stale = True
+
+    async def __call__(self) -> str:
+        async with self._lock:  # one refresh at a time: a second would find the token spent
+            if self._stale or self._access is None or time.monotonic() >= self._refresh_at:
+                await self._refresh()
+            assert self._access is not None
+            return self._access
+
+    async def _refresh(self) -> None:
+        if self._session is not None:
+            body = await self._post(self._session)
+        else:  # refreshes are rare: no session to keep open (and close) between them
+            async with aiohttp.ClientSession() as session:
+                body = await self._post(session)
+        self._access, self.refresh_token = str(body["access_token"]), str(body["refresh_token"])
+        self._refresh_at = self._deadline(float(body["expires_in"]))
+        self._stale = False
+        self.refreshes += 1
+        if self.on_rotate is not None:
+            rotated = self.on_rotate(self.refresh_token)
+            if inspect.isawaitable(rotated):
+                await rotated
+
+    async def _post(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        async with session.post(f"{self.base_url}/v1/auth/refresh",
+                                json={"refresh_token": self.refresh_token},
+                                timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            if resp.status == 401:
+                raise RefreshRefused(f"refresh refused: {(await resp.text())[:300]}")
+            if resp.status != 200:
+                raise PushError(f"refresh answered {resp.status}: {(await resp.text())[:300]}")
+            body: dict[str, Any] = await resp.json()
+            return body
 
 
 @dataclass
@@ -77,7 +167,10 @@ class PushClient:
                  credential: Callable[[], Awaitable[str]] | None = None) -> None:
         """``credential``: an async function returning the bearer credential to use, asked
         before every connect and feed read (cache and refresh it there): a stream the server
-        ends at token expiry or revocation then resumes with a fresh one, from its cursor."""
+        ends at token expiry or revocation then resumes with a fresh one, from its cursor.
+        A ``TokenRefresher`` does that with a refresh token; any credential object with an
+        ``invalidate()`` method is told when the server ended a stream for its token or
+        answered 401."""
         # Several base URLs (replicas without a balancer in front): the next one after every
         # interruption, so a replica that stops (its streams end with gateway.disconnect)
         # hands its clients to the others.
@@ -133,11 +226,24 @@ class PushClient:
             await self._connected.wait()
 
     async def get(self, timeout: float | None = None) -> FeedRow:
-        """The next row (waits up to ``timeout`` seconds, then raises TimeoutError)."""
-        if self._task is not None and self._task.done() and self._out.empty():
-            self._task.result()  # re-raise what stopped the client
-        async with asyncio.timeout(timeout):
-            return await self._out.get()
+        """The next row (waits up to ``timeout`` seconds, then raises TimeoutError); what
+        stopped the client (``RefreshRefused``, say) is raised once its rows are taken."""
+        task = self._task
+        if task is None or not self._out.empty():
+            async with asyncio.timeout(timeout):
+                return await self._out.get()
+        if task.done():
+            _raise_end(task)
+        getter = asyncio.ensure_future(self._out.get())
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()  # a row put meanwhile stays in the queue
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        _raise_end(task)
 
     def __aiter__(self) -> AsyncIterator[FeedRow]:
         return self._iterate()
@@ -172,6 +278,11 @@ class PushClient:
             return self._headers
         return {**self._headers, "Authorization": f"Bearer {await self._credential()}"}
 
+    def _credential_ended(self) -> None:
+        invalidate = getattr(self._credential, "invalidate", None)
+        if callable(invalidate):
+            invalidate()
+
     @property
     def base_url(self) -> str:
         return self.base_urls[self._url_index]
@@ -201,6 +312,8 @@ class PushClient:
                                      params={"topics": ",".join(self.topics)},
                                      headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
+                if resp.status == 401:
+                    self._credential_ended()
                 raise PushError(f"stream answered {resp.status}: {(await resp.text())[:300]}")
             self._adopt_start(resp.headers)
             self.connects += 1
@@ -252,6 +365,8 @@ class PushClient:
                 if event.event == DISCONNECT_EVENT:
                     self.last_disconnect_reason = event.data
                     log.warning("push stream closed by the server: %s", event.data)
+                    if _reason(event.data) in CREDENTIAL_ENDED:
+                        self._credential_ended()
                     return
                 await self._on_row(FeedRow.from_json(json.loads(event.data)))
         finally:
@@ -311,6 +426,8 @@ class PushClient:
                             "limit": str(self.page_rows)},
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status != 200:
+                    if resp.status == 401:
+                        self._credential_ended()
                     raise PushError(f"feed answered {resp.status}: {(await resp.text())[:300]}")
                 body = await resp.json()
             epoch = int(body["epoch"])
@@ -324,6 +441,20 @@ class PushClient:
                     await self._deliver(row)
             if len(rows) < self.page_rows:
                 return
+
+
+def _raise_end(task: asyncio.Task[None]) -> NoReturn:
+    """Raise what stopped the client's task (a PushError when it was closed)."""
+    if not task.cancelled():
+        task.result()
+    raise PushError("the client is closed" if task.cancelled() else "the client has stopped")
+
+
+def _reason(data: str) -> str | None:
+    """The ``reason`` of a ``gateway.disconnect`` event's data."""
+    with contextlib.suppress(ValueError, AttributeError):
+        return str(json.loads(data).get("reason"))
+    return None
 
 
 class _EndOfStream(Exception):

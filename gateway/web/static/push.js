@@ -10,7 +10,9 @@ class GatewayPush {
     // A credential with feed:read and the topics, sent as a header (fetch can; EventSource
     // could not, which is what ?access_token= on /v1/stream is for). `credential`, an async
     // function, is asked before every connect and feed read: a stream ended at token expiry
-    // or revocation resumes from its cursor with what it returns (refresh the token there).
+    // or revocation resumes from its cursor with what it returns (refresh the token there;
+    // GatewayPush.refresher does, with a refresh token). A credential with an invalidate()
+    // method is told when the server ended a stream for its token or answered 401.
     this.token = token;
     this.credential = credential;
     this.onRow = onRow;
@@ -29,6 +31,48 @@ class GatewayPush {
   async auth() {
     const token = this.credential ? await this.credential() : this.token;
     return token ? { Authorization: `Bearer ${token}` } : {};
+  }
+
+  credentialEnded() {
+    if (this.credential && typeof this.credential.invalidate === "function") this.credential.invalidate();
+  }
+
+  // A credential function that keeps an access token fresh through POST /v1/auth/refresh:
+  // refreshed a quarter of its life before it ends (at most marginMs) and at once after the
+  // server ended or refused it; each refresh rotates the refresh token (onRotate gets it).
+  // A refused refresh token throws an error named "RefreshRefused": the client stops.
+  static refresher(base, refreshToken, { accessToken = null, expiresIn = null, marginMs = 30000, onRotate = () => {} } = {}) {
+    let access = accessToken;
+    let refreshAt = accessToken && expiresIn ? Date.now() + expiresIn * 1000 - Math.min(marginMs, expiresIn * 250) : 0;
+    let stale = !accessToken;
+    let pending = null;
+    const refresh = async () => {
+      const resp = await fetch(`${base}/v1/auth/refresh`, {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ refresh_token: refreshToken }),
+      });
+      if (resp.status === 401) {
+        const error = new Error(`refresh refused: ${(await resp.text()).slice(0, 300)}`);
+        error.name = "RefreshRefused";
+        throw error;
+      }
+      if (!resp.ok) throw new Error(`refresh answered ${resp.status}`);
+      const body = await resp.json();
+      access = body.access_token;
+      refreshToken = body.refresh_token;
+      refreshAt = Date.now() + body.expires_in * 1000 - Math.min(marginMs, body.expires_in * 250);
+      stale = false;
+      onRotate(refreshToken);
+    };
+    const credential = async () => {
+      if (stale || !access || Date.now() >= refreshAt) {
+        pending = pending || refresh().finally(() => { pending = null; });  // one at a time
+        await pending;
+      }
+      return access;
+    };
+    credential.invalidate = () => { stale = true; };
+    return credential;
   }
 
   cursor() {
@@ -58,6 +102,11 @@ class GatewayPush {
         await this.streamOnce();
         backoff = 100;
       } catch (e) {
+        if (e && e.name === "RefreshRefused") {  // only a new login helps
+          this.stopped = true;
+          this.onState("signed-out");
+          return;
+        }
         console.info("push: stream interrupted", e);
       }
       this.onState("reconnecting");
@@ -72,7 +121,10 @@ class GatewayPush {
     const since = this.cursor();
     if (since) params.set("since", since);
     const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream", ...(await this.auth()) } });
-    if (!resp.ok) throw new Error(`stream answered ${resp.status}`);
+    if (!resp.ok) {
+      if (resp.status === 401) this.credentialEnded();
+      throw new Error(`stream answered ${resp.status}`);
+    }
     this.adopt(resp.headers);
     await this.serial(() => this.fillAll());
     this.onState("live");
@@ -115,7 +167,13 @@ class GatewayPush {
       else if (name === "data") data.push(value);
     }
     if (!data.length) return;
-    if (event === "gateway.disconnect") { console.warn("push: server closed", data.join("\n")); return; }
+    if (event === "gateway.disconnect") {
+      console.warn("push: server closed", data.join("\n"));
+      let reason = null;
+      try { reason = JSON.parse(data.join("\n")).reason; } catch (e) { /* not JSON */ }
+      if (reason === "token_expired" || reason === "revoked") this.credentialEnded();
+      return;
+    }
     const row = JSON.parse(data.join("\n"));
     this.serial(() => this.onEvent(row));
   }
@@ -163,7 +221,10 @@ class GatewayPush {
     for (;;) {
       const params = new URLSearchParams({ topic, after: String(tr.offset), limit: "500" });
       const resp = await fetch(`${this.base}/v1/feed?${params}`, { headers: await this.auth() });
-      if (!resp.ok) throw new Error(`feed answered ${resp.status}`);
+      if (!resp.ok) {
+        if (resp.status === 401) this.credentialEnded();
+        throw new Error(`feed answered ${resp.status}`);
+      }
       const body = await resp.json();
       if (tr.epoch !== null && body.epoch !== tr.epoch) { tr.epoch = body.epoch; tr.offset = 0; continue; }
       tr.epoch = body.epoch;

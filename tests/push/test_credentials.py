@@ -1,0 +1,171 @@
+"""PushClient with a TokenRefresher (and push.js with GatewayPush.refresher, run by node)
+against the full app: a stream whose short-lived access token ends (``token_expired``)
+resumes with a token from ``POST /v1/auth/refresh``, every row once and in order; a refused
+refresh token stops the client with ``RefreshRefused``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+import gateway.web
+from gateway.config import Secret, Settings
+from gateway.push import feed
+from gateway.push.client import PushClient, RefreshRefused, TokenRefresher
+from gateway.stores.runtime import Runtime, open_runtime
+from gateway.web.app import create_app
+from tests.conftest import TEST_ADMIN_TOKEN
+from tests.helpers import wait_until
+from tests.push.conftest import base_url
+
+SECRET = "push-credential-secret-0123456789-0123456789"
+TOPIC = "conversation:1"
+
+
+@pytest.fixture
+async def app_client(runtime: Runtime, settings: Settings,
+                     make_client: Any) -> AsyncIterator[TestClient[Any, Any]]:
+    rt = await open_runtime(dataclasses.replace(settings, jwt_secret=Secret(SECRET)))
+    try:
+        yield await make_client(create_app(rt), rt=rt)
+    finally:
+        await rt.close()
+
+
+async def login(client: TestClient[Any, Any], ttl: int) -> dict[str, Any]:
+    async with client.post("/v1/auth/token", json={
+            "sub": "alice", "scope": "feed:read", "topics": [TOPIC], "ttl": ttl},
+            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}) as response:
+        assert response.status == 200
+        pair: dict[str, Any] = await response.json()
+        return pair
+
+
+async def test_refresher_resumes_a_stream_across_expiries_without_loss_or_duplicate(
+        app_client: TestClient[Any, Any], runtime: Runtime) -> None:
+    pair = await login(app_client, ttl=2)
+    rotated: list[str] = []
+    base = base_url(app_client)
+    refresher = TokenRefresher(base, pair["refresh_token"], access_token=pair["access_token"],
+                               expires_in=pair["expires_in"], on_rotate=rotated.append)
+    offsets: list[int] = []
+    async with PushClient(base, [TOPIC], since={TOPIC: 0}, credential=refresher,
+                          poll_seconds=0.5) as push:
+        async def follow() -> None:
+            async for row in push:
+                offsets.append(row.offset)
+
+        following = asyncio.create_task(follow())
+        await push.wait_connected()
+        first = refresher.refreshes
+        for n in range(12):  # rows arrive before and after the first token's end
+            await feed.append_and_publish(runtime.pg, runtime.cache, TOPIC, "message", {"n": n})
+            if n == 5:
+                # The stream the first token opened is ended by the server at its expiry.
+                await wait_until(lambda: push.last_disconnect_reason is not None, timeout=6,
+                                 message="the server ended the first stream")
+        await wait_until(lambda: refresher.refreshes > first and push.connects >= 2,
+                         timeout=6, message="refreshed and reconnected")
+        await wait_until(lambda: len(offsets) >= 12, timeout=10, message="every row")
+        following.cancel()
+        assert push.last_disconnect_reason is not None
+        assert json.loads(push.last_disconnect_reason)["reason"] == "token_expired"
+    assert offsets == list(range(1, 13))  # none lost, none twice, in order
+    assert rotated and len(set(rotated)) == len(rotated) == refresher.refreshes
+    assert pair["refresh_token"] not in rotated and refresher.refresh_token == rotated[-1]
+
+
+async def test_a_refused_refresh_token_stops_the_client(
+        app_client: TestClient[Any, Any]) -> None:
+    """The holder logs out (its refresh family and access token revoked): the stream ends
+    ``revoked``, the refresh is refused, and ``get()`` raises RefreshRefused."""
+    pair = await login(app_client, ttl=300)
+    base = base_url(app_client)
+    refresher = TokenRefresher(base, pair["refresh_token"], access_token=pair["access_token"],
+                               expires_in=pair["expires_in"])
+    # No silence poll of the feed within the test: the stream's end is what tells the
+    # refresher (its token's own deadline is minutes away).
+    async with PushClient(base, [TOPIC], credential=refresher, poll_seconds=30) as push:
+        await push.wait_connected()
+        for token in (pair["refresh_token"], pair["access_token"]):
+            async with app_client.post("/v1/auth/revoke", json={"token": token},
+                                       headers={"Authorization": ""}) as revoked:
+                assert revoked.status == 200
+        with pytest.raises(RefreshRefused):
+            await push.get(timeout=8)  # 2 s watch + 1 s cache, then the refresh
+        assert push.last_disconnect_reason is not None
+        assert json.loads(push.last_disconnect_reason)["reason"] == "revoked"
+    assert refresher.refreshes == 0
+
+
+NODE = shutil.which("node")
+PUSH_JS = Path(gateway.web.__file__).parent / "static" / "push.js"
+NODE_DRIVER = """
+globalThis.window = globalThis;
+%s
+const [base, login, want] = [process.argv[2], JSON.parse(process.argv[3]), Number(process.argv[4])];
+const say = (line) => process.stdout.write("@" + JSON.stringify(line) + "\\n");
+const rows = [];
+const credential = GatewayPush.refresher(base, login.refresh_token, {
+  accessToken: login.access_token, expiresIn: login.expires_in,
+  onRotate: (token) => say({rotated: token}),
+});
+new GatewayPush(["%s"], {
+  base, since: {"%s": 0}, pollMs: 500, credential,
+  onRow: (row) => { rows.push(row.offset); say({row: row.offset}); },
+}).start();
+setInterval(() => { if (rows.length >= want) { say({done: rows}); process.exit(0); } }, 20);
+"""
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_push_js_refresher_resumes_across_expiries(
+        app_client: TestClient[Any, Any], runtime: Runtime, tmp_path: Path) -> None:
+    """The browser client's GatewayPush.refresher, run by node against the real app: the
+    server ends the stream at the 2 s token's expiry, the client refreshes through
+    /v1/auth/refresh and resumes: every row once, in order."""
+    assert NODE is not None
+    script = tmp_path / "driver.js"
+    script.write_text(NODE_DRIVER % (PUSH_JS.read_text(), TOPIC, TOPIC))
+    pair = await login(app_client, ttl=2)
+    proc = await asyncio.create_subprocess_exec(
+        NODE, str(script), base_url(app_client), json.dumps(pair), "12",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    said: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            if line.startswith(b"@"):
+                said.append(json.loads(line[1:]))
+
+    reading = asyncio.create_task(read())
+    try:
+        for n in range(12):
+            await feed.append_and_publish(runtime.pg, runtime.cache, TOPIC, "message", {"n": n})
+            if n == 5:  # half before the first token's end, half after a refresh
+                await wait_until(lambda: any("rotated" in s for s in said), timeout=8,
+                                 message="the JS client refreshed")
+        async with asyncio.timeout(20):
+            await reading
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.stderr is not None
+    errors = (await proc.stderr.read()).decode()
+    assert proc.returncode == 0, errors
+    assert [s["done"] for s in said if "done" in s] == [list(range(1, 13))]
+    assert [s["row"] for s in said if "row" in s] == list(range(1, 13))
+    rotated = [s["rotated"] for s in said if "rotated" in s]
+    assert rotated and pair["refresh_token"] not in rotated and len(set(rotated)) == len(rotated)
+    assert "token_expired" in errors  # the server ended a stream at its token's expiry
