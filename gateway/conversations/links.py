@@ -1,6 +1,8 @@
 """Linking a chat to an account: the account asks for a code (``POST /v1/auth/link-code``),
-the user sends ``/link <code>`` in the chat (``/gw link <code>`` on Slack), and from then on
-that account may read the chat's ``conversation:<id>`` topics, present and future.
+the user sends ``/link <code>`` in the chat (``/gw link <code>`` on Slack; ``link <code>`` on
+Mattermost, whose clients take a leading ``/`` as a slash command of their own: see
+``bare_link``), and from then on that account may read the chat's ``conversation:<id>``
+topics, present and future.
 
 Wrong codes count per chat in ``brute:`` (5 in 10 minutes, then 15 minutes of polite
 refusals), so a chat cannot walk the 10^8 codes. The ``/link`` message itself is answered
@@ -9,6 +11,7 @@ but never stored: its code must not reach the conversation or its feed."""
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +30,26 @@ BLOCK_SECONDS = 900
 LINKED = "This chat is now linked to your account: its conversations show up there."
 WRONG = "That code is not valid (or it has expired). Ask for a new one and send /link <code>."
 BLOCKED = "Too many wrong codes from this chat; please try again in 15 minutes."
-USAGE = "Send /link followed by the 8-digit code your account gave you."
+USAGE = "Send /link <code> with the 8-digit code your account gave you."
+# How the command is written on each platform (WRONG and USAGE name the Telegram form).
+_FORMS = {"slack": "/gw link <code>", "mattermost": "link <code>"}
+
+
+def _for(platform: str, text: str) -> str:
+    return text.replace("/link <code>", _FORMS.get(platform, "/link <code>"))
+
+
+_BARE_LINK = re.compile(r"\s*link\s+(\d{8})\s*", re.IGNORECASE)
+
+
+def bare_link(text: str) -> str:
+    """``link <8-digit code>`` as the ``/link <code>`` command, any other text as it is.
+    For Mattermost, whose clients treat a message starting with ``/`` as one of their own
+    slash commands (an unknown one is refused there, never posted); ``/link <code>`` still
+    works for messages posted through its API. Only the exact form: "link me to the docs"
+    stays a message."""
+    match = _BARE_LINK.fullmatch(text)
+    return f"/link {match.group(1)}" if match else text
 
 
 def _hash(code: str) -> bytes:
@@ -56,7 +78,7 @@ async def link(conn: asyncpg.Connection, durable: AnyRedis, incoming: Incoming) 
     if await durable.exists(block_key):
         return BLOCKED
     if len(words) != 2 or not (words[1].isdigit() and len(words[1]) == 8):
-        return USAGE
+        return _for(incoming.platform, USAGE)
     async with conn.transaction():
         sub = await conn.fetchval(
             "UPDATE link_codes SET used_at = now() WHERE code_hash = $1 AND used_at IS NULL"
@@ -75,7 +97,7 @@ async def link(conn: asyncpg.Connection, durable: AnyRedis, incoming: Incoming) 
         await durable.set(block_key, "1", ex=BLOCK_SECONDS)
         await durable.delete(fail_key)
         return BLOCKED
-    return WRONG
+    return _for(incoming.platform, WRONG)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""Chat links: an account asks for a code, the chat sends ``/link <code>``, and the account
+"""Chat links: an account asks for a code, the chat sends ``/link <code>`` (Telegram;
+``/gw link <code>`` on Slack's slash command, ``link <code>`` on Mattermost), and the account
 then reads that chat's conversations (nobody else does); wrong codes are limited per chat;
-links are listed and removed."""
+links are listed and removed, and a removal ends the streams that read through it."""
 
 from __future__ import annotations
 
@@ -24,9 +25,15 @@ from gateway.push.web import HUB
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.conversations.fast import with_sections
+from tests.fakes import FakeSlack, event_callback, slash_command_body
+from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.pytest_plugin import SLACK_TOKEN
+from tests.fakes.slack import CHANNEL_ID, signed_form, signed_json
 from tests.helpers import registry_violations, wait_until
+from tests.inbound.mattermost.helpers import mattermost_settings
 
 SECRET = "links-test-secret-0123456789-0123456789"
+SLACK_SIGNING = "slack-signing-secret"
 
 
 def bearer(sub: str, topics: tuple[str, ...] = ()) -> dict[str, str]:
@@ -156,3 +163,81 @@ async def test_wrong_codes_are_limited_per_chat(rt: Runtime,
 async def test_links_need_an_account(client: TestClient[Any, Any]) -> None:
     async with client.post("/v1/auth/link-code") as admin:  # the admin token has no sub
         assert admin.status == 403
+
+
+async def link_code(client: TestClient[Any, Any], sub: str = "alice") -> str:
+    async with client.post("/v1/auth/link-code", headers=bearer(sub)) as issued:
+        assert issued.status == 200
+        return str((await issued.json())["code"])
+
+
+async def test_slack_gw_link_links_the_channel(
+        settings: Settings, runtime: Runtime, fake_slack: FakeSlack,
+        make_client: Callable[..., Any]) -> None:
+    """``/gw link <code>`` through the signed slash-command route, answered at its
+    response_url; the channel's conversation is then alice's to read."""
+    rt = await open_runtime(dataclasses.replace(
+        with_sections(settings), jwt_secret=Secret(SECRET), slack_bot_token=Secret(SLACK_TOKEN),
+        slack_signing_secret=Secret(SLACK_SIGNING), slack_api_url=fake_slack.api_url))
+    try:
+        client = await make_client(create_app(rt), rt=rt)
+        body, headers = signed_json(SLACK_SIGNING, event_callback(event_type="app_mention",
+                                                                   text="hello"))
+        async with client.post("/slack/events", data=body, headers=headers) as mention:
+            assert mention.status == 200
+        await fake_slack.wait_for_posts(1, CHANNEL_ID)
+        conversation = await rt.pg.fetchval(
+            "SELECT id FROM conversations WHERE platform = 'slack' AND chat = $1", CHANNEL_ID)
+        assert await feed_status(client, conversation, bearer("alice")) == 403
+        code = await link_code(client)
+        for sent in (1, 2):  # the same code twice: linked, then refused (one use)
+            body, headers = signed_form(SLACK_SIGNING, slash_command_body(
+                "/gw", f"link {code}", response_url=fake_slack.new_response_url()))
+            async with client.post("/slack/commands", data=body, headers=headers) as command:
+                assert command.status == 200
+            responses = await fake_slack.wait_for_responses(sent)
+        assert responses[0]["text"] == links.LINKED
+        assert responses[1]["text"].startswith("That code is not valid")
+        assert "/gw link <code>" in responses[1]["text"]  # told in Slack's own form
+        assert await feed_status(client, conversation, bearer("alice")) == 200
+        assert await feed_status(client, conversation, bearer("bob")) == 403
+        texts = [r["text"] for r in await rt.pg.fetch("SELECT text FROM conversation_messages")]
+        assert not any(code in text for text in texts)
+    finally:
+        await rt.close()
+
+
+async def test_mattermost_link_without_the_slash(
+        settings: Settings, runtime: Runtime, fake_mattermost: FakeMattermost,
+        make_client: Callable[..., Any]) -> None:
+    """Mattermost clients take a leading / as their own slash command: ``link <code>`` links
+    the channel; ``/link <code>`` (a message posted through the API) does too; "link me to
+    the docs" stays a message."""
+    rt = await open_runtime(dataclasses.replace(
+        mattermost_settings(with_sections(settings), fake_mattermost.url),
+        jwt_secret=Secret(SECRET)))
+    try:
+        client = await make_client(create_app(rt), rt=rt)  # runs the listener and consumer
+        await fake_mattermost.wait_for_sockets(1, timeout=10)
+        await fake_mattermost.create_post("general", "hello")
+        await fake_mattermost.create_post("random", "hello too")
+        await fake_mattermost.wait_for_replies(2, timeout=10)
+        ids = {r["chat"]: r["id"] for r in await rt.pg.fetch(
+            "SELECT chat, id FROM conversations WHERE platform = 'mattermost'")}
+        assert await feed_status(client, ids["general"], bearer("alice")) == 403
+        await fake_mattermost.create_post("general", f"link {await link_code(client)}")
+        await fake_mattermost.create_post("random", f"/link {await link_code(client)}")
+        await fake_mattermost.create_post("general", "link me to the docs")
+        replies = await fake_mattermost.wait_for_replies(5, timeout=10)
+        assert [r["message"] for r in replies[2:4]] == [links.LINKED, links.LINKED]
+        assert links.LINKED not in replies[4]["message"]  # an ordinary message, answered
+        for chat in ("general", "random"):
+            assert await feed_status(client, ids[chat], bearer("alice")) == 200
+            assert await feed_status(client, ids[chat], bearer("bob")) == 403
+        texts = [r["text"] for r in await rt.pg.fetch("SELECT text FROM conversation_messages")]
+        assert "link me to the docs" in texts
+        assert not any(t.startswith(("link ", "/link ")) and t != "link me to the docs"
+                       for t in texts)
+    finally:
+        await rt.close()
+

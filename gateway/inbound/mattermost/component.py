@@ -21,6 +21,7 @@ from gateway import keys
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings, field_types, positive_numbers
+from gateway.conversations import links
 from gateway.conversations.model import Incoming
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.client import MattermostClient, Post
@@ -68,8 +69,8 @@ class MattermostBot:
     async def accept(self, post: Post) -> None:
         incoming = Incoming(platform="mattermost", chat=post.channel_id,
                             thread=post.root_id or None, user_id=post.user_id,
-                            user_name=post.user_name or post.user_id, text=post.message,
-                            message_id=post.id)
+                            user_name=post.user_name or post.user_id,
+                            text=links.bare_link(post.message), message_id=post.id)
         route = {POST_ID: post.id, CREATED_AT: str(post.create_at)}
         pushed = await self.inbox.push(Entry(incoming, route),
                                        keys.dedup_mattermost_post(post.id))
