@@ -263,8 +263,11 @@ async def test_gateway_token_mints_what_the_gateway_accepts(
     try:
         code, out, _ = await gateway_cli(servers, "token", "--sub", "carol", "--scope",
                                          "feed:read", "--topics", "pipeline", "--ttl", "60")
+        too_long, _, err = await gateway_cli(servers, "token", "--sub", "carol",
+                                             "--ttl", "86401")  # past max_token_seconds
     finally:
         del os.environ["GATEWAY_JWT_SECRET"]
+    assert too_long == 2 and "max_token_seconds" in err
     assert code == 0
     client = await apps(jwt_secret=Secret(SECRET))
     async with client.get("/v1/feed?topic=pipeline", headers=bearer(out.strip())) as ok:
