@@ -5,6 +5,10 @@ stage, each replaceable by configuration (TOML ``[pipeline.handlers] embed =
 A handler runs inside the worker's PostgreSQL transaction (``ctx.conn``), the same one that
 writes the journal row: its results and the journal commit together or not at all, so a
 stage whose item is retried after a crash never leaves half its rows behind.
+
+Slow work that writes nothing (a model provider's call) does not belong in that transaction:
+it would hold a pooled connection and an open transaction (its locks, the xmin horizon) for
+as long as the provider takes. A handler may carry ``prepare`` for it (see ``Prepare``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, cast
 
 import asyncpg
 
@@ -32,6 +36,17 @@ class Deferred(Exception):
         self.seconds = seconds
 
 
+class _Closed:
+    """``ctx.conn`` outside the transaction (during ``prepare``): any use is a bug."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise RuntimeError("ctx.conn is the batch's transaction, not open in prepare: "
+                           "read through ctx.runtime.pg")
+
+
+NO_CONNECTION = cast(asyncpg.Connection, _Closed())
+
+
 @dataclass
 class StageContext:
     item_id: str
@@ -41,11 +56,15 @@ class StageContext:
     # The document as enqueued; only the store stage receives it (later stages read
     # pipeline_documents).
     document: dict[str, Any] | None
+    # The batch's transaction; ``NO_CONNECTION`` while ``prepare`` runs.
     conn: asyncpg.Connection
     runtime: Any
     # Called after the transaction commits (e.g. cache invalidation); the same callable
     # registered by several items of one batch is called once.
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # What the handler's ``prepare`` left for its transaction phase (the handler's own
+    # business); None when ``prepare`` has not run (a caller that runs the handler alone).
+    prepared: Any = None
 
 
 Handler = Callable[[StageContext], Awaitable[None]]
@@ -54,6 +73,19 @@ Handler = Callable[[StageContext], Awaitable[None]]
 # their chunks at once). If it raises, the batch is redone one item per transaction with
 # the handler itself, so one bad item is still found and failed alone.
 BatchHandler = Callable[[list[StageContext]], Awaitable[None]]
+# Optional: a handler with an attribute ``prepare`` (``async def prepare(ctxs)``) has it
+# called by the worker once per leased batch, before the batch's transaction, with no
+# connection held: ``ctx.conn`` is not open; reads go through ``ctx.runtime.pg`` (a pooled
+# connection per statement, returned at once) and what it finds goes on ``ctx.prepared``
+# for the handler (or ``many``) in the transaction, including for the one-item-per-
+# transaction redo, so it is not run again. It may run for an item whose stage proves
+# journaled already (a redo after a crash between commit and acknowledgement): it must do
+# nothing a repeat would harm (reads and calls, not the stage's writes). If it raises, every
+# item of the batch fails with that error; an error of one item goes on its ``ctx.prepared``
+# for the handler to raise. The handler must still work alone (``prepared`` None), as for a
+# caller running it in its own transaction. The embed stage's model calls use it.
+Prepare = Callable[[list[StageContext]], Awaitable[None]]
+
 
 def resolve(spec: str) -> Handler:
     module_name, sep, name = spec.partition(":")

@@ -7,6 +7,9 @@ and signals the feed row, and only then COMPLETE acknowledges in Redis. A crash 
 commit and COMPLETE leaves the item leased; RECLAIM returns it, the next worker finds its
 journal row and acknowledges without running the handler again, so each stage's effects
 happen once; a feed row left pending is numbered by the next pass or a sweep.
+
+A handler's ``prepare`` (``gateway.pipeline.handlers``) runs before that transaction with no
+connection held, so a slow model call never keeps a transaction open.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ import asyncpg
 from gateway.config import Settings, positive_numbers
 from gateway.leases.maintenance import REFRESH_SECONDS, view_for
 from gateway.pipeline import metrics, queue
-from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
+from gateway.pipeline.handlers import (
+    NO_CONNECTION,
+    Deferred,
+    Handler,
+    PermanentError,
+    StageContext,
+)
 from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
 from gateway.push import feed
 from gateway.push.sequencer import Sequencer
@@ -98,6 +107,12 @@ async def run_together(tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _names(lease: queue.LeasedItem) -> tuple[str, str]:
+    """A leased item's priority and document type by name."""
+    return (_PRIORITY_NAME.get(int(lease.priority_base), "normal"),
+            _TYPE_NAME.get(int(lease.bonus), "other"))
 
 
 def worker_id() -> str:
@@ -206,10 +221,20 @@ class StageWorker:
 
     async def _run(self, leases: list[queue.LeasedItem]) -> tuple[
             dict[str, BaseException], int, list[Any]]:
-        """The whole batch in one transaction; if any handler fails, the batch is rolled
-        back and redone one item per transaction, so one bad item holds back no other."""
+        """The handler's ``prepare`` (if any) for the batch, outside any transaction; then
+        the whole batch in one transaction; if any handler fails, the batch is rolled back
+        and redone one item per transaction (with what ``prepare`` found), so one bad item
+        holds back no other."""
+        batch = [(lease, StageContext(lease.item_id, self.stage, priority, doc_type,
+                                      lease.document, NO_CONNECTION, self.runtime))
+                 for lease, (priority, doc_type) in zip(leases, map(_names, leases),
+                                                        strict=True)]
         try:
-            written, callbacks = await self._transaction(leases)
+            prepared_seconds = await self._prepare([ctx for _, ctx in batch])
+        except Exception as exc:
+            return dict.fromkeys((lease.item_id for lease in leases), exc), 0, []
+        try:
+            written, callbacks = await self._transaction(batch, prepared_seconds)
             return {}, written, callbacks
         except Exception as exc:
             if len(leases) == 1 or _is_outage(exc):  # a store outage fails every item alike
@@ -218,46 +243,58 @@ class StageWorker:
                      self.stage, len(leases), type(exc).__name__, exc)
         errors: dict[str, BaseException] = {}
         written, callbacks = 0, []
-        for lease in leases:
+        for one in batch:
             try:
-                one_written, one_callbacks = await self._transaction([lease])
+                one_written, one_callbacks = await self._transaction([one], prepared_seconds)
             except Exception as exc:
-                errors[lease.item_id] = exc
+                errors[one[0].item_id] = exc
                 continue
             written += one_written
             callbacks += one_callbacks
         return errors, written, callbacks
 
-    async def _transaction(self, leases: list[queue.LeasedItem]) -> tuple[int, list[Any]]:
-        names = [(_PRIORITY_NAME.get(int(lease.priority_base), "normal"),
-                  _TYPE_NAME.get(int(lease.bonus), "other")) for lease in leases]
+    async def _prepare(self, contexts: list[StageContext]) -> float:
+        """The handler's ``prepare``, before the transaction and with no connection held
+        (a model call must not keep a transaction open); its seconds per item."""
+        prepare = getattr(self.handler, "prepare", None)
+        if prepare is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            await prepare(contexts)
+        except Exception as exc:
+            if _is_outage(exc):  # PostgreSQL unreachable for its reads: not the items' fault
+                raise
+            raise HandlerFailed(exc) from exc
+        return (time.perf_counter() - started) / len(contexts)
+
+    async def _transaction(self, batch: list[tuple[queue.LeasedItem, StageContext]],
+                           prepared_seconds: float = 0.0) -> tuple[int, list[Any]]:
         callbacks: list[Any] = []
         async with self.runtime.pg.acquire() as conn, conn.transaction():
             # Items whose row already exists were committed by an earlier holder: they are
             # only acknowledged.
             fresh = {r["item_id"] for r in await conn.fetch(
-                _JOURNAL, [lease.item_id for lease in leases], self.stage, self.name,
-                [p for p, _ in names], [t for _, t in names])}
-            if self.stage == STAGES[0] and len(fresh) < len(leases):
-                fresh |= await self._new_runs(conn, [(lease, name) for lease, name
-                                                     in zip(leases, names, strict=True)
+                _JOURNAL, [lease.item_id for lease, _ in batch], self.stage, self.name,
+                [ctx.priority for _, ctx in batch], [ctx.doc_type for _, ctx in batch])}
+            if self.stage == STAGES[0] and len(fresh) < len(batch):
+                fresh |= await self._new_runs(conn, [(lease, (ctx.priority, ctx.doc_type))
+                                                     for lease, ctx in batch
                                                      if lease.item_id not in fresh])
-            done = [lease for lease in leases if lease.item_id in fresh]
-            contexts = [StageContext(lease.item_id, self.stage, priority, doc_type,
-                                     lease.document, conn, self.runtime)
-                        for lease, (priority, doc_type) in zip(leases, names, strict=True)
-                        if lease.item_id in fresh]
-            await self._handle(contexts)
+            contexts = [ctx for lease, ctx in batch if lease.item_id in fresh]
+            for ctx in contexts:  # a redo starts from what prepare left, nothing else
+                ctx.conn, ctx.after_commit = conn, []
+            await self._handle(contexts, prepared_seconds)
             for ctx in contexts:
                 callbacks += ctx.after_commit
             # Feed rows without offsets, one statement for the batch: nothing shared is
             # locked, so the loops and processes of every stage commit side by side.
             written = await feed.append_pending(conn, FEED_TOPIC, [
-                (self.stage, {"item_id": lease.item_id, "stage": self.stage})
-                for lease in done])
+                (self.stage, {"item_id": ctx.item_id, "stage": self.stage})
+                for ctx in contexts])
         return written, callbacks
 
-    async def _handle(self, contexts: list[StageContext]) -> None:
+    async def _handle(self, contexts: list[StageContext], prepared_seconds: float) -> None:
         """Each item's handler in turn, or all at once through its ``many``."""
         many = getattr(self.handler, "many", None)
         groups = [contexts] if many is not None and len(contexts) > 1 else [
@@ -271,7 +308,7 @@ class StageWorker:
                     await self.handler(group[0])
             except Exception as exc:
                 raise HandlerFailed(exc) from exc
-            elapsed = (time.perf_counter() - started) / len(group)
+            elapsed = (time.perf_counter() - started) / len(group) + prepared_seconds
             for _ in group:
                 metrics.HANDLER_SECONDS.labels(self.stage).observe(elapsed)
 

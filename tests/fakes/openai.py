@@ -29,6 +29,9 @@ queue is empty):
 - ``fake.fail("chat", 429, retry_after=1)``: 429 with ``Retry-After`` (whole seconds),
   ``fake.fail("*", 500, times=3)``: three 500s.
 - ``fake.slow("embeddings", 2.0)``: the next call waits 2 s before answering (timeouts).
+- ``fake.hold("embeddings")``: every call to the path is recorded, then left unanswered
+  (a provider stalling) until ``fake.release("embeddings")`` or the fake closes;
+  ``fake.held`` counts the calls waiting so.
 - ``fake.break_stream(after=2)``: the next streamed reply sends 2 deltas, then drops the
   connection (a provider failing mid-stream).
 - ``fake.delay = 0.01``: every call takes at least this long (concurrency tests);
@@ -134,7 +137,9 @@ class FakeOpenAI(FakeServer):
         self.usage: list[ReportedUsage] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.held = 0
         self._break_after: list[int] = []
+        self._holds: dict[str, asyncio.Event] = {}
 
     @property
     def base_url(self) -> str:
@@ -151,6 +156,17 @@ class FakeOpenAI(FakeServer):
     def slow(self, path: str, seconds: float, *, times: int = 1) -> None:
         """The next ``times`` calls to ``path`` wait ``seconds`` before answering."""
         self._queue_fault(path, Fault(0, delay=seconds, remaining=times))
+
+    def hold(self, path: str) -> None:
+        """Leave calls to ``path`` (or ``"*"``: every path) unanswered, once recorded, until
+        ``release(path)``."""
+        self._holds.setdefault(path, asyncio.Event())
+
+    def release(self, path: str) -> None:
+        """Answer the calls ``hold(path)`` kept waiting, and the next ones at once."""
+        gate = self._holds.pop(path, None)
+        if gate is not None:
+            gate.set()
 
     def break_stream(self, after: int) -> None:
         """The next streamed reply sends ``after`` deltas, then drops the connection."""
@@ -186,6 +202,9 @@ class FakeOpenAI(FakeServer):
         header = request.headers.get("Authorization", "")
         token = header[len("Bearer "):] if header.startswith("Bearer ") else None
         self.record(path, params, request, token=token)
+        gate = self._holds.get(path) or self._holds.get("*")
+        if gate is not None:
+            await self._held(gate)
         fault = self.take_fault(path)
         await self._pause(max(self.delay, fault.delay if fault is not None else 0.0))
         if self.api_key is not None and token != self.api_key:
@@ -204,6 +223,21 @@ class FakeOpenAI(FakeServer):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._closing.wait()
+
+    async def _held(self, gate: asyncio.Event) -> None:
+        """Wait until ``gate`` is set or the fake is closing."""
+        assert self._closing is not None
+        self.held += 1
+        try:
+            closing = asyncio.ensure_future(self._closing.wait())
+            released = asyncio.ensure_future(gate.wait())
+            try:
+                await asyncio.wait((closing, released), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+                released.cancel()
+        finally:
+            self.held -= 1
 
     def _begin(self) -> None:
         self.in_flight += 1
