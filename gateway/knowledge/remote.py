@@ -1,6 +1,8 @@
 """``[pipeline] embedder = "<provider>:<model>"``: vectors from a configured provider's
 ``/embeddings`` (``[providers.<provider>]``), through the provider room's chain, so every call
-passes that provider's ``rl:`` limits and is a usage row charged to the item.
+passes that provider's ``rl:`` limits and is a usage row charged to the item and, for a job
+submitted by an API key or an account, to its owner namespace (``k.<key id>``,
+``u.<hash of sub>``: the prefix of its item id), which is then its usage rows' account.
 
 A document's chunks go in batches of ``[pipeline] embed_batch`` (64) inputs per call. When a
 ``[budgets]`` limit is spent, the chain raises ``OverBudget`` before sending anything; the
@@ -10,6 +12,7 @@ into a 503.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +25,15 @@ from gateway.providers import Charge, shared_providers
 
 BATCH = 64
 BUDGET_DELAY_SECONDS = 300.0
+# A job's item id is "<owner>/<job id>" when a key or an account submitted it
+# (gateway.inbound.jobs; gateway.access.principal.Principal.owner).
+_OWNED = re.compile(r"^(k\.[0-9a-f]+|u\.[0-9a-f]{16})/")
+
+
+def job_account(item_id: str) -> str | None:
+    """The owner namespace of a job's item id, or None (the admin's jobs, webhooks)."""
+    match = _OWNED.match(item_id)
+    return match.group(1) if match else None
 
 
 def _positive(section: Any, name: str, default: float) -> float:
@@ -51,13 +63,13 @@ class ProviderEmbedder:
         self.batch = int(_positive(runtime.settings.section("pipeline"), "embed_batch", BATCH))
 
     async def embed(self, texts: Sequence[str], *, job: str | None = None,
-                    **usage: Any) -> np.ndarray:
+                    account: str | None = None, **usage: Any) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         rows: list[list[float]] = []
         for start in range(0, len(texts), self.batch):
             answer = await self.chain.embeddings(self.model, texts[start:start + self.batch],
-                                                 charge=Charge(job=job))
+                                                 charge=Charge(job=job, account=account))
             rows += answer.vectors
         return normalise(np.array(rows, dtype=np.float32).reshape(len(rows), -1))
 

@@ -2,13 +2,16 @@
 a vector per chunk, graph extracts links, mentions and tags as edges.
 
 Each runs inside the worker's transaction (``ctx.conn``) that also writes the journal row,
-so a stage's rows and its journal entry commit together or not at all.
+so a stage's rows and its journal entry commit together or not at all. Embed's model call
+comes before that transaction (``embed.prepare``), with no connection held.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,6 +90,15 @@ ORDER BY item_id, seq
 """
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """An item's chunks ``(item_id, seq)`` and their vectors, found before the transaction."""
+
+    chunks: list[tuple[str, int]]
+    vectors: np.ndarray
+    model: str
+
+
 async def embed(ctx: StageContext) -> None:
     """A vector per chunk from the configured embedder, recorded with the model that made
     it; a spent budget delays the item. New vectors change search answers, so the search
@@ -94,34 +106,86 @@ async def embed(ctx: StageContext) -> None:
     await embed_many([ctx])
 
 
+async def embed_prepare(contexts: list[StageContext]) -> None:
+    """Before the batch's transaction, with no connection held (``Prepare``): one read of
+    the items' chunks on a pooled connection returned at once, then the embedder (a
+    provider's call may wait minutes on 429s; a transaction must not wait with it), then the
+    model's index. Each context gets its ``Embedded`` or, for a provider's failure, the
+    error its item fails with."""
+    runtime = contexts[0].runtime
+    rows = await runtime.pg.fetch(_CHUNKS, [c.item_id for c in contexts])
+    await _embed(contexts, rows)
+
+
 async def embed_many(contexts: list[StageContext]) -> None:
-    """``embed`` for a batch's items at once (one transaction, ``contexts[0].conn``): one
-    read, one write, and for the local model one call for all their chunks (the stage's
-    cost besides the model is per statement, not per chunk). A provider's calls stay per
-    item, each charged to its item."""
-    ctx = contexts[0]
-    rows = await ctx.conn.fetch(_CHUNKS, [c.item_id for c in contexts])
-    if not rows:
-        return
-    embedder = embedders.for_runtime(ctx.runtime)
-    try:
-        if isinstance(embedder, embedding.LocalEmbedder):
-            found = await embedder.embed([r["body"] for r in rows])
-        else:
-            found = np.vstack([await embedder.embed([r["body"] for r in group], job=item)
-                               for item, group in itertools.groupby(
-                                   rows, key=lambda r: r["item_id"])])
-    except OverBudget as exc:  # it waits for the budget; it has done nothing wrong
-        raise Deferred(remote.budget_delay(ctx.runtime.settings), str(exc)) from exc
-    model = embedding.model_id(embedder.name, found.shape[1])
-    await vectors.ensure_index(ctx.runtime, model, found.shape[1])
-    await vectors.write(ctx.conn, ctx.runtime, [(r["item_id"], r["seq"]) for r in rows],
-                        found, model)
-    for each in contexts:
-        each.after_commit.append(search.invalidator(ctx.runtime.cache))
+    """``embed`` for a batch's items at once, in the transaction (``contexts[0].conn``):
+    one write of every vector ``embed_prepare`` found. Called without it (a caller running
+    the handler in its own transaction), it reads and embeds here first. For the local
+    model the batch is one read, one model call and one write (the stage's cost besides the
+    model is per statement, not per chunk); a provider's calls stay per item, each charged
+    to its item (and to the job's owner)."""
+    missing = [c for c in contexts if c.prepared is None]
+    if missing:
+        await _embed(missing, await missing[0].conn.fetch(_CHUNKS, [c.item_id for c in missing]))
+    found: list[Embedded] = []
+    for ctx in contexts:
+        if isinstance(ctx.prepared, BaseException):  # this item's call failed
+            raise ctx.prepared
+        found.append(ctx.prepared)
+    runtime = contexts[0].runtime
+    for model, group in itertools.groupby(
+            sorted((e for e in found if e.chunks), key=lambda e: e.model),
+            key=lambda e: e.model):
+        done = list(group)
+        await vectors.write(contexts[0].conn, runtime,
+                            [chunk for e in done for chunk in e.chunks],
+                            np.vstack([e.vectors for e in done]), model)
+    if any(e.chunks for e in found):  # new vectors: search answers change
+        for each in contexts:
+            each.after_commit.append(search.invalidator(runtime.cache))
+
+
+async def _embed(contexts: list[StageContext], rows: list[Any]) -> None:
+    """Each context's ``Embedded`` (or its error) for its ``rows`` of ``_CHUNKS``."""
+    runtime = contexts[0].runtime
+    by_item: dict[str, list[Any]] = {c.item_id: [] for c in contexts}
+    for row in rows:
+        by_item[row["item_id"]].append(row)
+    embedder = embedders.for_runtime(runtime)
+    results: dict[str, np.ndarray | BaseException] = {}
+    if isinstance(embedder, embedding.LocalEmbedder):  # one call for the batch's chunks
+        if rows:
+            every = await embedder.embed([r["body"] for r in rows])
+            at = 0
+            for item, found in by_item.items():
+                results[item] = every[at:at + len(found)]
+                at += len(found)
+    else:
+        for item, found in by_item.items():
+            if not found:
+                continue
+            try:
+                results[item] = await embedder.embed(
+                    [r["body"] for r in found], job=item, account=remote.job_account(item))
+            except OverBudget as exc:  # it waits for the budget; it has done nothing wrong
+                results[item] = Deferred(remote.budget_delay(runtime.settings), str(exc))
+            except Exception as exc:  # this item fails alone; the others go on
+                results[item] = exc
+    for ctx in contexts:
+        result = results.get(ctx.item_id)
+        if isinstance(result, BaseException):
+            ctx.prepared = result
+            continue
+        vectors_ = result if result is not None else np.zeros((0, 0), dtype=np.float32)
+        model = embedding.model_id(embedder.name, vectors_.shape[1]) if len(vectors_) else ""
+        if model:
+            await vectors.ensure_index(runtime, model, vectors_.shape[1])
+        ctx.prepared = Embedded([(r["item_id"], r["seq"]) for r in by_item[ctx.item_id]],
+                                vectors_, model)
 
 
 embed.many = embed_many  # type: ignore[attr-defined]
+embed.prepare = embed_prepare  # type: ignore[attr-defined]
 
 
 def extract_edges(text: str) -> set[tuple[str, str]]:

@@ -173,7 +173,9 @@ class FakeOpenAI(FakeServer):
         self._break_after.append(after)
 
     def reset(self) -> None:
-        """Forget calls, usage, faults and the in-flight peak."""
+        """Forget calls, usage, faults and the in-flight peak; release held calls."""
+        for path in list(self._holds):
+            self.release(path)
         self.reset_calls()
         self.clear_faults()
         self.usage.clear()
