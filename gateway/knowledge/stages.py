@@ -4,11 +4,17 @@ a vector per chunk, graph extracts links, mentions and tags as edges.
 Each runs inside the worker's transaction (``ctx.conn``) that also writes the journal row,
 so a stage's rows and its journal entry commit together or not at all. Embed's model call
 comes before that transaction (``embed.prepare``), with no connection held.
+
+What one document adds beside itself is capped, whatever its text: its first
+``GATEWAY_MAX_CHUNKS_PER_DOCUMENT`` chunks (1,500; each gets a vector) and its first
+``GATEWAY_MAX_EDGES_PER_DOCUMENT`` edges (1,000), in the order of the text; the rest is not
+indexed, and the item completes. Links longer than ``MAX_LINK_BYTES`` are not edges.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +25,12 @@ from gateway.knowledge import embedders, embedding, remote, search, vectors
 from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
 from gateway.providers import OverBudget
 
+log = logging.getLogger("gateway.knowledge")
+
 CHUNK_CHARS = 800
+# A longer link would not fit a btree index row (about 2.7 kB with the item id): it is not
+# an edge, rather than a failure that dead-letters the item.
+MAX_LINK_BYTES = 2048
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _LINK = re.compile(r"https?://[^\s<>\"')\]]+")
 _MENTION = re.compile(r"(?<![\w@])@([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})")
@@ -76,8 +87,14 @@ async def _body(ctx: StageContext) -> str:
 
 
 async def chunk(ctx: StageContext) -> None:
-    """Split the stored document into chunks (replacing any from an earlier run)."""
+    """Split the stored document into chunks (replacing any from an earlier run); the first
+    ``max_chunks_per_document`` are kept."""
     parts = split_text(await _body(ctx))
+    cap = ctx.runtime.settings.max_chunks_per_document
+    if len(parts) > cap:
+        log.warning("item %s: %d chunks, the first %d kept (GATEWAY_MAX_CHUNKS_PER_DOCUMENT)",
+                    ctx.item_id, len(parts), cap)
+        parts = parts[:cap]
     await ctx.conn.execute("DELETE FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
     await ctx.conn.executemany(
         "INSERT INTO pipeline_chunks (item_id, seq, body) VALUES ($1, $2, $3)",
@@ -188,16 +205,28 @@ embed.many = embed_many  # type: ignore[attr-defined]
 embed.prepare = embed_prepare  # type: ignore[attr-defined]
 
 
-def extract_edges(text: str) -> set[tuple[str, str]]:
-    edges = {("link", m.rstrip(".,;:!?")) for m in _LINK.findall(text)}
-    edges |= {("mention", m.rstrip(".-").lower()) for m in _MENTION.findall(text)}
-    edges |= {("tag", m.lower()) for m in _TAG.findall(text)}
-    return edges
+def extract_edges(text: str) -> list[tuple[str, str]]:
+    """``(kind, target)`` of the text's links, @mentions and #tags, each once, in the order
+    they first appear."""
+    found = [(m.start(), "link", m.group().rstrip(".,;:!?")) for m in _LINK.finditer(text)]
+    found += [(m.start(), "mention", m.group(1).rstrip(".-").lower())
+              for m in _MENTION.finditer(text)]
+    found += [(m.start(), "tag", m.group(1).lower()) for m in _TAG.finditer(text)]
+    found.sort(key=lambda each: each[0])
+    edges = dict.fromkeys((kind, target) for _, kind, target in found
+                          if kind != "link" or len(target.encode()) <= MAX_LINK_BYTES)
+    return list(edges)
 
 
 async def graph(ctx: StageContext) -> None:
-    """Links, @mentions and #tags of the document as edges."""
+    """Links, @mentions and #tags of the document as edges: the first
+    ``max_edges_per_document``."""
     edges = extract_edges(await _body(ctx))
+    cap = ctx.runtime.settings.max_edges_per_document
+    if len(edges) > cap:
+        log.warning("item %s: %d edges, the first %d kept (GATEWAY_MAX_EDGES_PER_DOCUMENT)",
+                    ctx.item_id, len(edges), cap)
+        edges = edges[:cap]
     await ctx.conn.executemany(
         "INSERT INTO pipeline_edges (item_id, kind, target) VALUES ($1, $2, $3)"
         " ON CONFLICT DO NOTHING", [(ctx.item_id, kind, target) for kind, target in edges])
