@@ -43,8 +43,9 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "until completion", "pipeline"),
     Row("inbox:", "per-chat inbound queues of chat messages: ready chats, chat leases, "
         "per-chat entry lists, dead letters", "durable", "until processed", "inbox"),
-    Row("rl:", "rate-limit state (sliding-window logs and their totals, concurrency slots)",
-        "durable", "the window", "ratelimit"),
+    Row("rl:", "rate-limit state (sliding-window logs and their totals, concurrency slots, "
+        "a provider's cool-down after its 429)", "durable", "the window (a cool-down: its "
+        "Retry-After)", "ratelimit"),
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
     Row("bl:", "revoked access-token ids (jti), per-account not-before marks, revoked API "
