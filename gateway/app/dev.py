@@ -102,9 +102,11 @@ def _announce(url: str, settings: Settings, root: Path) -> None:
     ]
     assert settings.admin_token and settings.jwt_secret
     # What a newcomer needs to call every route (README shows how): the operator's token,
-    # and an access token for an app (a day long, the pipeline and every conversation).
+    # and an access token for an app (a day long, or the longest [access] allows; the
+    # pipeline and every conversation).
     client = tokens.mint(settings.jwt_secret.get(), "dev-client", CLIENT_SCOPES,
-                         ("pipeline", "conversation:*"), CLIENT_TTL,
+                         ("pipeline", "conversation:*"),
+                         min(CLIENT_TTL, tokens.max_token_seconds(settings)),
                          issuer=settings.jwt_issuer, audience=settings.jwt_audience)
     lines += [f"admin token: {settings.admin_token.get()}", f"client token: {client}"]
     print("\n".join(lines), flush=True)
