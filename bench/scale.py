@@ -12,10 +12,14 @@ to one process and where the CPU went.
 
 Every configuration runs in this one invocation on the same machine, so ratios compare like
 with like. CPU is read from /proc for the gateway processes, the Redis nodes (all nodes of a
-cluster) and PostgreSQL (postmaster and its backends) over the measured window.
+cluster) and PostgreSQL (postmaster and its backends) over the measured window; each
+pipeline run also prints that CPU in ms per item (robust to other load, unlike the rates),
+PostgreSQL commits and WAL fsyncs per item, and redis-durable's commands per item; with
+``--statements``, pg_stat_statements' busiest statements (calls per item, mean ms).
 
     python bench/scale.py [--items 3000] [--duration 5] [--workers 1,2,4] [--serves 1,2]
-                          [--processes 1,2]
+                          [--processes 1,2] [--batch N] [--statements]
+    python bench/scale.py --serves "" --processes "" --topologies single   # pipeline only
     python bench/scale.py --workers 1 --serves 1 --profile /tmp/prof   # py-spy stacks
 """
 
@@ -205,17 +209,112 @@ async def _enqueue_and_wait(stores: Stores, items: int,
         await durable.aclose()
 
 
+_COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+# WAL fsyncs: pg_stat_io from PostgreSQL 18 on (the embedded one), pg_stat_wal before.
+_SYNCS = ("SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'",
+          "SELECT wal_sync FROM pg_stat_wal")
+
+
+async def pg_counters(database_url: str, reset: bool = False) -> dict[str, float]:
+    """Commits of the database and WAL syncs of the server so far; with ``reset``,
+    pg_stat_statements starts afresh (when it is loaded)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        commits = float(await conn.fetchval(_COMMITS))
+        syncs = float("nan")
+        for query in _SYNCS:
+            try:
+                syncs = float(await conn.fetchval(query))
+                break
+            except asyncpg.PostgresError:
+                continue
+        if reset and await conn.fetchval(
+                "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"):
+            await conn.execute("SELECT pg_stat_statements_reset()")
+        return {"commits": commits, "syncs": syncs}
+    finally:
+        await conn.close()
+
+
+async def redis_calls(durable_url: str) -> dict[str, int]:
+    """Calls so far of each command on redis-durable (INFO commandstats)."""
+    client = redis_clients.connect(durable_url, variable="bench")
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return {name.removeprefix("cmdstat_"): int(value["calls"])
+            for name, value in stats.items() if isinstance(value, dict)}
+
+
+async def top_statements(database_url: str, limit: int = 30) -> list[tuple[int, float, str]]:
+    """(calls, total ms, query) of the busiest statements since the reset, when
+    pg_stat_statements is loaded (``--statements``)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await conn.fetchval(
+                "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"):
+            return []
+        rows = await conn.fetch(
+            "SELECT calls, total_exec_time, query FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " ORDER BY calls DESC LIMIT $1", limit)
+        return [(r["calls"], r["total_exec_time"], " ".join(r["query"].split()))
+                for r in rows]
+    finally:
+        await conn.close()
+
+
+@dataclass
+class PipelineResult:
+    rate: float
+    cpu: Cpu
+    wall: float
+    waits: tuple[float, float]
+    commits: float  # PostgreSQL commits per item
+    syncs: float  # WAL syncs per item
+    statements: list[tuple[int, float, str]]
+    redis: dict[str, int]  # redis-durable commands over the run
+
+
 def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
-                 root: Path) -> tuple[float, Cpu, float, tuple[float, float]]:
+                 root: Path, profile: str | None = None, batch: int = 0) -> PipelineResult:
     asyncio.run(_reset(stores))
     tag = f"pipe-{stores.name}-{workers}"
-    runs = [({}, ["worker", "--concurrency", str(concurrency)])] * workers
+    extra: dict[str, str] = {}
+    if batch:  # [pipeline] batch for the workers (default: the worker's own, 8)
+        config = root / f"{tag}.toml"
+        config.write_text(f"[pipeline]\nbatch = {batch}\n")
+        extra["GATEWAY_CONFIG"] = str(config)
+    runs = [(extra, ["worker", "--concurrency", str(concurrency)])] * workers
+    if profile:
+        Path(profile).mkdir(parents=True, exist_ok=True)
     with gateway_processes(runs, stores.env(), root, tag) as pids:
         wait_logged([root / f"{tag}-{n}.log" for n in range(workers)], "worker: stages")
+        before = asyncio.run(pg_counters(stores.database_url, reset=True))
+        calls = asyncio.run(redis_calls(stores.durable_url))
+        spies = [subprocess.Popen(
+            ["py-spy", "record", "--pid", str(pids[0]), "-r", "200", "-f", "raw",
+             "--nonblocking", "-o", str(Path(profile) / f"{tag}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)] if profile else []
         meter = CpuMeter(stores, pids)
         elapsed, waits = asyncio.run(_enqueue_and_wait(stores, items, tag))
         cpu = meter.stop()
-    return items / elapsed, cpu, elapsed, waits
+        for spy in spies:  # SIGINT: py-spy writes its stacks and exits
+            spy.send_signal(2)
+            spy.wait(30)
+        after = asyncio.run(pg_counters(stores.database_url))
+        statements = asyncio.run(top_statements(stores.database_url))
+        calls_after = asyncio.run(redis_calls(stores.durable_url))
+    return PipelineResult(items / elapsed, cpu, elapsed, waits,
+                          (after["commits"] - before["commits"]) / items,
+                          (after["syncs"] - before["syncs"]) / items, statements,
+                          {k: v - calls.get(k, 0) for k, v in calls_after.items()
+                           if v > calls.get(k, 0)})
 
 
 def ingest_run(stores: Stores, serves: int, args: argparse.Namespace,
@@ -287,8 +386,34 @@ def profile_first(pid: int, seconds: int, out: Path) -> None:
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_stores(kind: str, root: Path, started: list[Any]) -> Stores:
+async def _load_statements(url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    finally:
+        await conn.close()
+
+
+async def _create_statements(url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    finally:
+        await conn.close()
+
+
+def start_stores(kind: str, root: Path, started: list[Any],
+                 statements: bool = False) -> Stores:
     pg = embedded.PostgresServer(root / kind / "pg" / "data").start()
+    if statements:  # loaded at start only: set it, restart on the same data and port
+        asyncio.run(_load_statements(pg.url))
+        pg.stop()
+        pg.start()
+        asyncio.run(_create_statements(pg.url))
     started.append(pg)
     asyncio.run(migrate_url(pg.url))
     assert pg.proc is not None
@@ -310,6 +435,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=4, help="per worker process")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="[pipeline] batch of the workers (default: theirs, 8)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--serves", default="1,2")
     parser.add_argument("--processes", default="1,2",
@@ -321,39 +448,60 @@ def main() -> int:
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--topologies", default="single,cluster")
     parser.add_argument("--profile", metavar="DIR",
-                        help="py-spy each ingest run's first serve process, stacks into DIR")
+                        help="py-spy each ingest run's first serve process and each pipeline "
+                             "run's first worker, stacks into DIR")
+    parser.add_argument("--statements", action="store_true",
+                        help="load pg_stat_statements; print each pipeline run's busiest "
+                             "statements (calls per item, mean ms)")
     args = parser.parse_args()
-    if not shutil.which("wrk"):
+    serves = [int(s) for s in args.serves.split(",") if s]
+    processes = [int(n) for n in args.processes.split(",") if n]
+    if (serves or processes) and not shutil.which("wrk"):
         raise SystemExit("bench: needs wrk (apt-get install -y wrk)")
     root = Path(tempfile.mkdtemp(prefix="gws-"))
     started: list[Any] = []
-    print(f"{os.cpu_count()} cores; items={args.items} concurrency={args.concurrency}/worker; "
+    print(f"{os.cpu_count()} cores; items={args.items} concurrency={args.concurrency}/worker "
+          f"batch={args.batch or 'default'}; "
           f"wrk -t1 on core {args.load_core}, {args.connections} connections in total, "
           f"{args.duration} s")
     try:
         for kind in args.topologies.split(","):
-            stores = start_stores(kind, root, started)
+            stores = start_stores(kind, root, started, args.statements)
             base = 0.0
-            for workers in (int(w) for w in args.workers.split(",")):
-                rate, cpu, wall, (active, locked) = pipeline_run(
-                    stores, workers, args.items, args.concurrency, root)
-                base = base or rate
-                print(f"{kind:<7} pipeline {workers} worker(s): {rate:7.0f} items/s "
-                      f"(x{rate / base:4.2f})  {cpu.line(wall)}; PostgreSQL backends active "
-                      f"{active:4.1f}, waiting on a lock {locked:4.1f}", flush=True)
+            for workers in (int(w) for w in args.workers.split(",") if w):
+                run = pipeline_run(stores, workers, args.items, args.concurrency, root,
+                                   args.profile, args.batch)
+                base = base or run.rate
+                active, locked = run.waits
+                per = 1000 / args.items  # CPU seconds -> ms per item
+                print(f"{kind:<7} pipeline {workers} worker(s): {run.rate:7.0f} items/s "
+                      f"(x{run.rate / base:4.2f})  {run.cpu.line(run.wall)}; PostgreSQL "
+                      f"backends active {active:4.1f}, waiting on a lock {locked:4.1f}",
+                      flush=True)
+                print(f"        CPU per item: gateway {run.cpu.gateway * per:.2f} ms, "
+                      f"postgres {run.cpu.postgres * per:.2f}, redis {run.cpu.redis * per:.2f}"
+                      f", ours {(run.cpu.gateway + run.cpu.postgres + run.cpu.redis) * per:.2f}"
+                      f"; per item {run.commits:.2f} commits, {run.syncs:.2f} WAL syncs; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+                busiest = sorted(run.redis.items(), key=lambda kv: -kv[1])[:6]
+                print("        redis-durable calls per item: " + ", ".join(
+                    f"{name} {count / args.items:.2f}" for name, count in busiest), flush=True)
+                for calls, total_ms, query in run.statements:
+                    print(f"          {calls / args.items:6.2f}/item {total_ms / calls:7.3f} ms"
+                          f"  {query[:110]}", flush=True)
             base = 0.0
-            for serves in (int(s) for s in args.serves.split(",")):
-                rps, cpu, statuses = ingest_run(stores, serves, args, root)
+            for count in serves:
+                rps, cpu, statuses = ingest_run(stores, count, args, root)
                 base = base or rps
                 codes = " ".join(f"{k}:{v}" for k, v in sorted(statuses.items()))
-                print(f"{kind:<7} ingest   {serves} serve(s):  {rps:7.0f} req/s   "
+                print(f"{kind:<7} ingest   {count} serve(s):  {rps:7.0f} req/s   "
                       f"(x{rps / base:4.2f})  {cpu.line(args.duration)}  {codes}", flush=True)
             base = 0.0
-            for processes in (int(n) for n in args.processes.split(",") if n):
-                rps, cpu, statuses = ingest_run(stores, 1, args, root, processes)
+            for count in processes:
+                rps, cpu, statuses = ingest_run(stores, 1, args, root, count)
                 base = base or rps
                 codes = " ".join(f"{k}:{v}" for k, v in sorted(statuses.items()))
-                print(f"{kind:<7} ingest   --processes {processes}: {rps:7.0f} req/s   "
+                print(f"{kind:<7} ingest   --processes {count}: {rps:7.0f} req/s   "
                       f"(x{rps / base:4.2f})  {cpu.line(args.duration)}  {codes}", flush=True)
     finally:
         for server in reversed(started):
