@@ -49,7 +49,9 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
     config = config or WorkerConfig.from_settings(runtime.settings)
     handlers = handlers or load_handlers(runtime.settings.section("pipeline"), DEFAULTS)
     if "embed" in stages:  # a wrong [pipeline] embedder stops the start, not every item
-        embedders.for_runtime(runtime)
+        warm = getattr(embedders.for_runtime(runtime), "warm", None)
+        if warm is not None:  # the local model loads before the first lease, not during it
+            await warm()
     sequencer = Sequencer(runtime.pg, runtime.cache)  # one numbering pass for every stage
     tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config,
                                              sequencer=sequencer)
