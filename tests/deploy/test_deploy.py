@@ -69,6 +69,9 @@ def test_systemd_units_parse_and_run_gateway() -> None:
         parser.read_string(unit.read_text())
         assert {"Unit", "Service", "Install"} <= set(parser.sections()), unit.name
         assert parser["Service"]["ExecStart"].startswith("/"), unit.name
+        # Enough descriptors for the connection and stream caps, which follow the limit
+        # (and well above doctor's 4096 warning).
+        assert int(parser["Service"]["LimitNOFILE"]) >= 65535, unit.name
 
 
 def test_dockerfile_runs_gateway_as_unprivileged_user() -> None:
