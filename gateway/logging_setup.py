@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _TELEGRAM_TOKEN = re.compile(r"bot\d+:[A-Za-z0-9_-]{20,}")
 
@@ -52,22 +52,29 @@ class RedactingFormatter(logging.Formatter):
 REPEATS = 5
 WINDOW = 60.0
 MAX_KEYS = 1000
+SWEEP_SECONDS = 1.0
 
 
 class RepeatLimiter(logging.Filter):
-    """At most ``REPEATS`` records per distinct message per ``WINDOW`` seconds; the first
-    record after a window that dropped some says how many."""
+    """At most ``REPEATS`` records per distinct message per ``WINDOW`` seconds. What was left
+    out is said once its window is over: by the next record of the same message, or, when that
+    message stopped, by a line of its own written with the next record of any other (checked
+    at most once a second), so a flood that stops still leaves its count in the log."""
 
-    def __init__(self, repeats: int = REPEATS, window: float = WINDOW) -> None:
+    def __init__(self, repeats: int = REPEATS, window: float = WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.repeats = repeats
         self.window = window
+        self.clock = clock
         self._seen: dict[tuple[str, int, str, str], tuple[float, int, int]] = {}
+        self._next_sweep = 0.0
+        self._sweeping = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
         key = (record.name, record.levelno, str(record.msg)[:200], exc)
-        now = time.monotonic()
+        now = self.clock()
         start, written, dropped = self._seen.get(key, (now, 0, 0))
         if now - start >= self.window:
             if dropped:  # no % in the note: the message stays a valid template
@@ -76,9 +83,30 @@ class RepeatLimiter(logging.Filter):
             start, written, dropped = now, 0, 0
         if written >= self.repeats:
             self._remember(key, (start, written, dropped + 1))
-            return False
-        self._remember(key, (start, written + 1, dropped))
-        return True
+            allowed = False
+        else:
+            self._remember(key, (start, written + 1, dropped))
+            allowed = True
+        if now >= self._next_sweep and not self._sweeping:
+            self._sweep(now)
+        return allowed
+
+    def _sweep(self, now: float) -> None:
+        """A line for each message whose window is over with records left out, and that
+        has not come back to say so itself."""
+        self._next_sweep = now + SWEEP_SECONDS
+        ended = [(key, dropped) for key, (start, _, dropped) in self._seen.items()
+                 if dropped and now - start >= self.window]
+        self._sweeping = True  # the lines below pass this filter too
+        try:
+            for key, dropped in ended:
+                del self._seen[key]
+                name, level, message, _ = key
+                logging.getLogger(name).log(
+                    level, "%d more like %r in the last %.0f s were not written", dropped,
+                    message, self.window)
+        finally:
+            self._sweeping = False
 
     def _remember(self, key: tuple[str, int, str, str], value: tuple[float, int, int]) -> None:
         if len(self._seen) >= MAX_KEYS and key not in self._seen:

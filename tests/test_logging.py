@@ -47,3 +47,24 @@ def test_one_repeated_error_is_written_a_bounded_number_of_times() -> None:
     limiter.window = 0  # as if the window passed: the next one says how many were dropped
     logger.error("bad input from %s", "later")
     assert "995 more like it" in stream.getvalue().splitlines()[-1]
+
+
+def test_a_flood_that_stops_still_leaves_its_count() -> None:
+    """The left-out records of a message that never comes back are counted in a line of
+    their own, written with the next record of another message once the window is over."""
+    stream = io.StringIO()
+    now = [1000.0]
+    limiter = RepeatLimiter(repeats=5, window=60, clock=lambda: now[0])
+    logger = _logger(stream, limiter)
+    for n in range(50):
+        logger.error("bad input from %s", f"client-{n}")
+    logger.warning("something else")
+    assert "more like" not in stream.getvalue()  # the window is not over yet
+    now[0] += 61
+    logger.warning("something else again")
+    lines = stream.getvalue().splitlines()
+    assert "45 more like 'bad input from %s' in the last 60 s were not written" in lines[-2]
+    assert lines[-1].endswith("something else again")
+    now[0] += 61
+    logger.warning("and more")
+    assert stream.getvalue().count("more like") == 1  # said once
