@@ -8,6 +8,7 @@ a hash tag so the scripts also run on Redis Cluster.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -146,6 +147,13 @@ def refresh_grace(token_hash: str) -> str:
 def sync_barrier(tag: object) -> str:
     """``sync:{<tag>}``: the tag picks the cluster slot, hence the primary, it lands on."""
     return f"sync:{{{tag}}}"
+
+
+def owner_namespace(sub: str) -> str:
+    """An account's namespace (``u.<16 hex of sha256(sub)>``): the prefix of the job ids it
+    submits, hence of their ``q:`` and ``dedup:job:`` keys, and the account its usage rows
+    name, so its chats and its jobs count as one account against a budget."""
+    return "u." + hashlib.sha256(sub.encode()).hexdigest()[:16]  # any sub, fixed size
 
 
 def lock(name: str) -> str:

@@ -4,8 +4,9 @@ its scopes and topic patterns."""
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
+
+from gateway import keys
 
 SCOPES = ("jobs:write", "jobs:read", "jobs:critical", "search:read", "feed:read",
           "metrics:read", "admin", "tokens:issue")
@@ -47,7 +48,7 @@ class Principal:
             return ""
         if self.kind == "apikey":
             return f"k.{self.id}"
-        return "u." + hashlib.sha256(self.id.encode()).hexdigest()[:16]  # any sub, fixed size
+        return keys.owner_namespace(self.id)
 
     def allows(self, scope: str) -> bool:
         return self.is_admin or scope in self.scopes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+from gateway import keys
 from gateway.config import ConfigError, Settings
 from gateway.conversations.handlers import Context, Reply, default_handler
 from gateway.conversations.model import chat_key
@@ -109,13 +110,15 @@ class LlmHandler:
 
     async def _charge(self, ctx: Context) -> Charge:
         """Whom the call is charged to: the chat, and its first linked account, if any (its
-        usage rows name it whether or not a per-account budget is configured)."""
+        usage rows name it whether or not a per-account budget is configured), by the
+        account's namespace, as the account's jobs are: one account for both."""
         incoming = ctx.incoming
         key = chat_key(incoming)
-        account = await ctx.runtime.pg.fetchval(
+        sub = await ctx.runtime.pg.fetchval(
             "SELECT sub FROM chat_links WHERE platform = $1 AND chat_key = $2"
             " ORDER BY created_at LIMIT 1", incoming.platform, key)
-        return Charge(chat=f"{incoming.platform}:{key}", account=account)
+        return Charge(chat=f"{incoming.platform}:{key}",
+                      account=None if sub is None else keys.owner_namespace(sub))
 
     async def _reply(self, ctx: Context, messages: list[ChatMessage],
                      charge: Charge) -> AsyncIterator[str]:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway import keys
 from gateway.conversations.handlers import Context
 from gateway.conversations.llm import LlmHandler
 from gateway.conversations.model import Incoming, chat_key
@@ -57,5 +58,5 @@ async def test_a_linked_chats_reply_is_charged_to_its_account_without_a_budget(
     assert await _reply(llm_runtime, "200", "anyone?") == "echo: anyone?"
     rows = await llm_runtime.pg.fetch(
         "SELECT chat_key, account, kind FROM provider_usage ORDER BY id")
-    assert [tuple(r) for r in rows] == [("telegram:100", "alice", "chat"),
+    assert [tuple(r) for r in rows] == [("telegram:100", keys.owner_namespace("alice"), "chat"),
                                         ("telegram:200", None, "chat")]
