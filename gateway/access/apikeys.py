@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from gateway import keys
-from gateway.access.bounded import Bounded
+from gateway.access.bounded import Bounded, Fresh
 from gateway.access.principal import Principal, parse_scopes, parse_topics
 from gateway.config import Settings
 from gateway.stores.coalesce import AutoPipeline
@@ -57,6 +57,7 @@ async def create(db: asyncpg.Pool | asyncpg.Connection, name: str, scopes: froze
 
 ROW_SECONDS = 60.0
 ROWS = 10_000
+MARK_SECONDS = 1.0  # an open stream learns of its key's revocation this late at most
 REVOKED_MARK_SECONDS = 86400  # far longer than a row is kept: then PostgreSQL says so too
 
 
@@ -83,6 +84,9 @@ class ApiKeys:
         self.pool = pool
         self.auto = auto
         self._rows: Bounded[str, _Row] = Bounded(ROWS)
+        # For open streams only (every request reads the mark itself): a key's many streams
+        # cost one read a second.
+        self._marks: Fresh[str, bool] = Fresh(MARK_SECONDS, ROWS)
 
     async def verify(self, key: str, check_mark: bool = True) -> Principal | None:
         """The key's principal, or None (malformed, unknown, wrong secret or revoked).
@@ -101,9 +105,16 @@ class ApiKeys:
             return None
         if not check_mark:
             return row.deferred
-        if int(await self.auto.execute("EXISTS", keys.revoked_key(key_id))):
+        if await self._revoked(key_id):
             return None
         return row.principal
+
+    async def revoked_lately(self, key_id: str) -> bool:
+        """Is the key revoked, as read at most ``MARK_SECONDS`` ago (for open streams)?"""
+        return await self._marks.get(key_id, lambda: self._revoked(key_id))
+
+    async def _revoked(self, key_id: str) -> bool:
+        return bool(int(await self.auto.execute("EXISTS", keys.revoked_key(key_id))))
 
     async def _read(self, key_id: str) -> _Row | None:
         found = await self.pool.fetchrow("SELECT key_hash, scopes, topics, revoked_at"

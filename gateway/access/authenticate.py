@@ -13,9 +13,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway import keys
 from gateway.access import apikeys
-from gateway.access.bounded import Bounded
 from gateway.access.principal import ADMIN, Principal
 from gateway.access.revocation import Revocations
 from gateway.access.tokens import InvalidToken, TokenVerifier
@@ -31,8 +29,6 @@ from gateway.api.state import (
 from gateway.stores.runtime import Runtime
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
-KEY_MARK_SECONDS = 1.0
-KEY_MARK_ENTRIES = 10_000
 
 
 class Barrier(Protocol):
@@ -70,9 +66,6 @@ class Authenticator:
         self.revocations = Revocations(runtime.durable)
         self.api_keys = apikeys.ApiKeys(runtime.pg_reads, self.revocations.auto)
         self.barrier = barrier
-        # For open streams only (every request checks the mark itself): key id -> (read at,
-        # revoked), so a key's many streams cost one read a second.
-        self._key_marks: Bounded[str, tuple[float, bool]] = Bounded(KEY_MARK_ENTRIES)
 
     async def __call__(self, request: web.Request, scope: str, query_token: bool,
                        checks_revocation: bool = False) -> Principal:
@@ -113,20 +106,10 @@ class Authenticator:
         if not isinstance(principal, Principal) or principal.is_admin:
             return True
         if principal.kind == "apikey":
-            return not await self._key_revoked(principal.id)
+            return not await self.api_keys.revoked_lately(principal.id)
         if principal.expires_at is not None and time.time() >= principal.expires_at:
             return False
         return not await self.revocations.revoked(principal, principal.issued_at)
-
-    async def _key_revoked(self, key_id: str) -> bool:
-        now = time.monotonic()
-        seen = self._key_marks.get(key_id)
-        if seen is None or now - seen[0] >= KEY_MARK_SECONDS:
-            revoked = bool(int(await self.revocations.auto.execute(
-                "EXISTS", keys.revoked_key(key_id))))
-            seen = (now, revoked)
-            self._key_marks.put(key_id, seen)
-        return seen[1]
 
     async def refuse(self, request: web.Request, reason: str) -> Exception:
         """The 401 for a credential the route itself found revoked, counted like any."""

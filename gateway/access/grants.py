@@ -21,7 +21,7 @@ import time
 import asyncpg
 
 from gateway import keys
-from gateway.access.bounded import Bounded
+from gateway.access.bounded import Bounded, Fresh
 from gateway.api.state import Principal
 from gateway.conversations import links
 from gateway.stores.coalesce import AutoPipeline
@@ -39,19 +39,13 @@ class LinkGrants:
         self.pool = pool
         self.durable = durable
         self.auto = auto
-        self._marks: Bounded[str, tuple[float, str | None]] = Bounded(ENTRIES)
+        self._marks: Fresh[str, str | None] = Fresh(MARK_CACHE_SECONDS, ENTRIES)
         # (sub, conversation id) -> (read at, the account's mark then)
         self._granted: Bounded[tuple[str, int], tuple[float, str | None]] = Bounded(ENTRIES)
 
-    async def _mark(self, sub: str) -> str | None:
-        now = time.monotonic()
-        cached = self._marks.get(sub)
-        if cached is not None and now - cached[0] < MARK_CACHE_SECONDS:
-            return cached[1]
+    async def _read_mark(self, sub: str) -> str | None:
         value = await self.auto.execute("GET", keys.unlinked(sub))
-        mark = None if value is None else str(value)
-        self._marks.put(sub, (now, mark))
-        return mark
+        return None if value is None else str(value)
 
     async def grant(self, principal: Principal, topics: list[str]) -> set[str]:
         """The ``conversation:<id>`` topics among ``topics`` of chats linked to the
@@ -66,7 +60,7 @@ class LinkGrants:
             return set()
         # Read before PostgreSQL: a removal after this changes the mark, so the grant read
         # below is dropped at a later look; one before it is seen by the query itself.
-        mark = await self._mark(sub)
+        mark = await self._marks.get(sub, lambda: self._read_mark(sub))
         now = time.monotonic()
         granted: set[str] = set()
         unknown: list[int] = []
@@ -88,5 +82,5 @@ class LinkGrants:
             return False
         mark = secrets.token_hex(8)
         await self.durable.set(keys.unlinked(sub), mark, ex=MARK_SECONDS)
-        self._marks.put(sub, (time.monotonic(), mark))  # this process: from the next request
+        self._marks.put(sub, mark)  # this process: from the next request
         return True

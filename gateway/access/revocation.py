@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from gateway import keys
-from gateway.access.bounded import Bounded
+from gateway.access.bounded import Fresh
 from gateway.access.principal import Principal
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
@@ -29,30 +29,27 @@ class Revocations:
     def __init__(self, durable: AnyRedis) -> None:
         self.durable = durable
         self.auto = AutoPipeline(durable)
-        # (jti, sub) -> (read at, jti revoked, the account's not-before or None). The marks,
-        # not a verdict: tokens without a jti share an entry, each judged by its own iat.
-        self._seen: Bounded[tuple[str | None, str],
-                            tuple[float, bool, float | None]] = Bounded(CACHE_ENTRIES)
+        # (jti, sub) -> (jti revoked, the account's not-before or None). The marks, not a
+        # verdict: tokens without a jti share an entry, each judged by its own iat.
+        self._seen: Fresh[tuple[str | None, str], tuple[bool, float | None]] = Fresh(
+            CACHE_SECONDS, CACHE_ENTRIES)
 
     async def revoked(self, principal: Principal, issued_at: float | None) -> bool:
         """Is this token revoked (its jti, or its account since after it was issued)?"""
         if principal.kind != "token":
             return False
-        key = (principal.jti, principal.id)
-        now = time.monotonic()
-        cached = self._seen.get(key)
-        if cached is None or now - cached[0] >= CACHE_SECONDS:
-            jti_mark, not_before = await self.auto.batch([
-                ("EXISTS", keys.revoked_jti(principal.jti)) if principal.jti else ("ECHO", "0"),
-                ("GET", keys.revoked_before(principal.id))])
-            for reply in (jti_mark, not_before):
-                if isinstance(reply, Exception):
-                    raise reply
-            cached = (now, int(jti_mark) == 1,
-                      float(not_before) if not_before is not None else None)
-            self._seen.put(key, cached)
-        _, jti_revoked, mark = cached
+        jti_revoked, mark = await self._seen.get(
+            (principal.jti, principal.id), lambda: self._marks(principal))
         return jti_revoked or (mark is not None and (issued_at or 0.0) < mark)
+
+    async def _marks(self, principal: Principal) -> tuple[bool, float | None]:
+        jti_mark, not_before = await self.auto.batch([
+            ("EXISTS", keys.revoked_jti(principal.jti)) if principal.jti else ("ECHO", "0"),
+            ("GET", keys.revoked_before(principal.id))])
+        for reply in (jti_mark, not_before):
+            if isinstance(reply, Exception):
+                raise reply
+        return int(jti_mark) == 1, float(not_before) if not_before is not None else None
 
     async def revoke_jti(self, jti: str, expires_at: float | None, longest: int) -> None:
         """Until the token would have expired (``longest`` seconds when that is unknown)."""
