@@ -17,7 +17,7 @@ import itertools
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageCo
 from gateway.providers import OverBudget
 
 log = logging.getLogger("gateway.knowledge")
+T = TypeVar("T")
 
 CHUNK_CHARS = 800
 # A longer link would not fit a btree index row (about 2.7 kB with the item id): it is not
@@ -86,15 +87,20 @@ async def _body(ctx: StageContext) -> str:
     return str(body)
 
 
+def _first(ctx: StageContext, found: list[T], what: str, cap: int, setting: str) -> list[T]:
+    """The first ``cap`` of what a document yields, said in the log when there were more."""
+    if len(found) > cap:
+        log.warning("item %s: %d %s, the first %d kept (%s)", ctx.item_id, len(found), what,
+                    cap, setting)
+    return found[:cap]
+
+
 async def chunk(ctx: StageContext) -> None:
     """Split the stored document into chunks (replacing any from an earlier run); the first
     ``max_chunks_per_document`` are kept."""
-    parts = split_text(await _body(ctx))
-    cap = ctx.runtime.settings.max_chunks_per_document
-    if len(parts) > cap:
-        log.warning("item %s: %d chunks, the first %d kept (GATEWAY_MAX_CHUNKS_PER_DOCUMENT)",
-                    ctx.item_id, len(parts), cap)
-        parts = parts[:cap]
+    parts = _first(ctx, split_text(await _body(ctx)), "chunks",
+                   ctx.runtime.settings.max_chunks_per_document,
+                   "GATEWAY_MAX_CHUNKS_PER_DOCUMENT")
     await ctx.conn.execute("DELETE FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
     await ctx.conn.executemany(
         "INSERT INTO pipeline_chunks (item_id, seq, body) VALUES ($1, $2, $3)",
@@ -224,12 +230,9 @@ def extract_edges(text: str) -> list[tuple[str, str]]:
 async def graph(ctx: StageContext) -> None:
     """Links, @mentions and #tags of the document as edges: the first
     ``max_edges_per_document``."""
-    edges = extract_edges(await _body(ctx))
-    cap = ctx.runtime.settings.max_edges_per_document
-    if len(edges) > cap:
-        log.warning("item %s: %d edges, the first %d kept (GATEWAY_MAX_EDGES_PER_DOCUMENT)",
-                    ctx.item_id, len(edges), cap)
-        edges = edges[:cap]
+    edges = _first(ctx, extract_edges(await _body(ctx)), "edges",
+                   ctx.runtime.settings.max_edges_per_document,
+                   "GATEWAY_MAX_EDGES_PER_DOCUMENT")
     await ctx.conn.executemany(
         "INSERT INTO pipeline_edges (item_id, kind, target) VALUES ($1, $2, $3)"
         " ON CONFLICT DO NOTHING", [(ctx.item_id, kind, target) for kind, target in edges])
