@@ -1,11 +1,14 @@
-"""Run the default stage handlers on one document as the workers would."""
+"""Run the default stage handlers on one document as the workers would, and lease items
+waiting at the embed stage with their chunks in place."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gateway.knowledge.stages import chunk, embed, store
+from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
+from tests.pipeline.helpers import FAST
 
 
 async def index(runtime: Any, item_id: str, text: str) -> None:
@@ -16,3 +19,17 @@ async def index(runtime: Any, item_id: str, text: str) -> None:
             await handler(ctx)
         for callback in ctx.after_commit:
             await callback()
+
+
+async def leased_at_embed(runtime: Any, items: tuple[str, ...]) -> list[queue.LeasedItem]:
+    """``items`` with two chunks each, enqueued at embed and leased by one FETCH."""
+    await runtime.pg.copy_records_to_table(
+        "pipeline_chunks", columns=["item_id", "seq", "body"],
+        records=[(item, seq, f"{item} chunk {seq} about queues")
+                 for item in items for seq in range(2)])
+    for item in items:
+        await queue.enqueue_at(runtime.durable, item, "embed", priority="normal",
+                               doc_type="other")
+    leases = await queue.fetch_many(runtime.durable, "embed", "w1", FAST.lease_ms, len(items))
+    assert sorted(lease.item_id for lease in leases) == sorted(items)
+    return leases

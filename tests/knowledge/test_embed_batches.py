@@ -8,26 +8,13 @@ from typing import Any
 
 from gateway.knowledge import embedding
 from gateway.knowledge.stages import DEFAULTS
-from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.stages import meta_key
 from gateway.pipeline.worker import StageWorker
+from tests.knowledge.indexing import leased_at_embed
 from tests.pipeline.helpers import FAST
 
 ITEMS = ("a", "b", "c", "d")
-
-
-async def _leased(runtime: Any, items: tuple[str, ...]) -> list[queue.LeasedItem]:
-    await runtime.pg.copy_records_to_table(
-        "pipeline_chunks", columns=["item_id", "seq", "body"],
-        records=[(item, seq, f"{item} chunk {seq} about queues")
-                 for item in items for seq in range(2)])
-    for item in items:
-        await queue.enqueue_at(runtime.durable, item, "embed", priority="normal",
-                               doc_type="other")
-    leases = await queue.fetch_many(runtime.durable, "embed", "w1", FAST.lease_ms, len(items))
-    assert {lease.item_id for lease in leases} == set(items)
-    return leases
 
 
 async def test_a_batch_is_embedded_in_one_model_call(runtime, monkeypatch) -> None:
@@ -41,7 +28,7 @@ async def test_a_batch_is_embedded_in_one_model_call(runtime, monkeypatch) -> No
 
     monkeypatch.setattr(type(model), "embed_now", counted)
     worker = StageWorker(runtime, "embed", DEFAULTS["embed"], FAST)
-    await worker.process(await _leased(runtime, ITEMS))
+    await worker.process(await leased_at_embed(runtime, ITEMS))
     assert calls == [8]  # 4 items x 2 chunks, one call
     assert await runtime.pg.fetchval(
         "SELECT count(*) FROM pipeline_chunks WHERE embedder = 'local:l2_supercat@256'") == 8
@@ -61,7 +48,7 @@ async def test_a_failing_item_of_a_batch_fails_alone(runtime) -> None:
 
     one.many = many  # type: ignore[attr-defined]
     worker = StageWorker(runtime, "embed", one, FAST)
-    await worker.process(await _leased(runtime, ITEMS))
+    await worker.process(await leased_at_embed(runtime, ITEMS))
     journaled = await runtime.pg.fetch(
         "SELECT item_id FROM pipeline_journal WHERE stage = 'embed' ORDER BY item_id")
     assert [r["item_id"] for r in journaled] == ["a", "b", "d"]

@@ -15,13 +15,13 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from gateway.knowledge.stages import DEFAULTS
-from gateway.pipeline import queue
 from gateway.pipeline.stages import meta_key
 from gateway.pipeline.worker import StageWorker
 from gateway.stores.runtime import Runtime, open_runtime
 from tests.fakes.openai import FakeOpenAI, provider_tables
 from tests.fakes.pytest_plugin import OPENAI_KEY
 from tests.helpers import wait_until
+from tests.knowledge.indexing import leased_at_embed
 from tests.pipeline.helpers import FAST
 
 WORKER_APP = "gateway-embed-worker-test"
@@ -64,18 +64,6 @@ async def worker_runtime(runtime: Runtime, fake_openai: FakeOpenAI,
         await rt.close()
 
 
-async def _leased(rt: Runtime, items: tuple[str, ...]) -> list[queue.LeasedItem]:
-    await rt.pg.copy_records_to_table(
-        "pipeline_chunks", columns=["item_id", "seq", "body"],
-        records=[(item, seq, f"{item} chunk {seq} about queues")
-                 for item in items for seq in range(2)])
-    for item in items:
-        await queue.enqueue_at(rt.durable, item, "embed", priority="normal", doc_type="other")
-    leases = await queue.fetch_many(rt.durable, "embed", "w1", FAST.lease_ms, len(items))
-    assert sorted(lease.item_id for lease in leases) == sorted(items)
-    return leases
-
-
 async def _worker_transactions(observer: Runtime) -> list[dict[str, Any]]:
     """The worker's connections that are in a transaction (from another connection)."""
     rows = await observer.pg.fetch(
@@ -87,7 +75,7 @@ async def _worker_transactions(observer: Runtime) -> list[dict[str, Any]]:
 async def test_a_held_provider_call_holds_no_postgres_connection(
         worker_runtime, fake_openai: FakeOpenAI, runtime: Runtime) -> None:
     rt = await worker_runtime()
-    leases = await _leased(rt, ITEMS)
+    leases = await leased_at_embed(rt, ITEMS)
     # The pool has opened connections that pg_stat_activity can see under the name.
     assert await runtime.pg.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", WORKER_APP) >= 1
@@ -115,7 +103,7 @@ async def test_a_held_provider_call_holds_no_postgres_connection(
 async def test_an_items_failed_call_fails_it_alone_and_no_call_is_made_twice(
         worker_runtime, fake_openai: FakeOpenAI) -> None:
     rt = await worker_runtime()
-    leases = await _leased(rt, ITEMS)
+    leases = await leased_at_embed(rt, ITEMS)
     fake_openai.fail("embeddings", 400, message="input refused")  # the first item's call
     worker = StageWorker(rt, "embed", DEFAULTS["embed"], FAST)
     await worker.process(leases)
@@ -135,7 +123,7 @@ async def test_a_jobs_usage_rows_name_its_owner_as_the_account(
         worker_runtime, fake_openai: FakeOpenAI) -> None:
     rt = await worker_runtime()
     worker = StageWorker(rt, "embed", DEFAULTS["embed"], FAST)
-    await worker.process(await _leased(rt, ITEMS))
+    await worker.process(await leased_at_embed(rt, ITEMS))
     rows = await rt.pg.fetch("SELECT job_id, account, kind FROM provider_usage")
     assert {(r["job_id"], r["account"], r["kind"]) for r in rows} == {
         (ACCOUNT_JOB, "u.0123456789abcdef", "embeddings"),
