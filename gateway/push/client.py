@@ -278,6 +278,12 @@ class PushClient:
             return self._headers
         return {**self._headers, "Authorization": f"Bearer {await self._credential()}"}
 
+    async def _refusal(self, what: str, resp: aiohttp.ClientResponse) -> PushError:
+        """The error of a refused stream or feed read; a 401 also tells the credential."""
+        if resp.status == 401:
+            self._credential_ended()
+        return PushError(f"{what} answered {resp.status}: {(await resp.text())[:300]}")
+
     def _credential_ended(self) -> None:
         invalidate = getattr(self._credential, "invalidate", None)
         if callable(invalidate):
@@ -312,9 +318,7 @@ class PushClient:
                                      params={"topics": ",".join(self.topics)},
                                      headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
-                if resp.status == 401:
-                    self._credential_ended()
-                raise PushError(f"stream answered {resp.status}: {(await resp.text())[:300]}")
+                raise await self._refusal("stream", resp)
             self._adopt_start(resp.headers)
             self.connects += 1
             await self._fill_all()  # subscribed first (the server did), now read, then merge
@@ -426,9 +430,7 @@ class PushClient:
                             "limit": str(self.page_rows)},
                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status != 200:
-                    if resp.status == 401:
-                        self._credential_ended()
-                    raise PushError(f"feed answered {resp.status}: {(await resp.text())[:300]}")
+                    raise await self._refusal("feed", resp)
                 body = await resp.json()
             epoch = int(body["epoch"])
             if track.epoch is not None and epoch != track.epoch:
