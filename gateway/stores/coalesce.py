@@ -189,14 +189,14 @@ class AutoPipeline:
                 pipe.execute_command(*command)
             replies = await pipe.execute(raise_on_error=False)
             if self.wait_aof:  # every primary: the flush may have written to any of them
+                primaries = self.redis.get_primaries()  # type: ignore[union-attr]
                 _check_on_disk(list(await asyncio.gather(
-                    *(self._barrier(node) for node in self.redis.get_primaries()))))  # type: ignore[union-attr]
+                    *(self._barrier(node) for node in primaries))))
         # A cluster pipeline applies redis-py's response callbacks; undo the two that change
         # a simple-string reply into True, so callers see RESP2 replies on every topology.
         return [_UNCALLBACK.get(str(command[0]).upper(), {}).get(reply, reply)
                 if reply is True else reply
                 for command, reply in zip(commands, replies, strict=True)]
-
 
     async def _barrier(self, node: Any) -> Any:
         """``WAITAOF`` covers the writes of its own connection only, and a cluster pipeline
