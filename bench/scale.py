@@ -386,22 +386,12 @@ def profile_first(pid: int, seconds: int, out: Path) -> None:
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def _load_statements(url: str) -> None:
+async def _execute(url: str, statement: str) -> None:
     import asyncpg
 
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-    finally:
-        await conn.close()
-
-
-async def _create_statements(url: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await conn.execute(statement)
     finally:
         await conn.close()
 
@@ -410,10 +400,11 @@ def start_stores(kind: str, root: Path, started: list[Any],
                  statements: bool = False) -> Stores:
     pg = embedded.PostgresServer(root / kind / "pg" / "data").start()
     if statements:  # loaded at start only: set it, restart on the same data and port
-        asyncio.run(_load_statements(pg.url))
+        asyncio.run(_execute(pg.url, "ALTER SYSTEM SET shared_preload_libraries = "
+                             "'pg_stat_statements'"))
         pg.stop()
         pg.start()
-        asyncio.run(_create_statements(pg.url))
+        asyncio.run(_execute(pg.url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
     started.append(pg)
     asyncio.run(migrate_url(pg.url))
     assert pg.proc is not None
