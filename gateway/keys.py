@@ -9,6 +9,7 @@ a hash tag so the scripts also run on Redis Cluster.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,6 +155,21 @@ def owner_namespace(sub: str) -> str:
     submits, hence of their ``q:`` and ``dedup:job:`` keys, and the account its usage rows
     name, so its chats and its jobs count as one account against a budget."""
     return "u." + hashlib.sha256(sub.encode()).hexdigest()[:16]  # any sub, fixed size
+
+
+def key_namespace(key_id: str) -> str:
+    """An API key's namespace (``k.<key id>``), as ``owner_namespace`` is an account's."""
+    return f"k.{key_id}"
+
+
+_OWNED = re.compile(r"^(k\.[0-9a-f]+|u\.[0-9a-f]{16})/")
+
+
+def item_owner(item_id: str) -> str | None:
+    """The namespace an owned job's item id (``<namespace>/<job id>``) starts with, or None
+    (the admin's jobs, webhooks)."""
+    match = _OWNED.match(item_id)
+    return match.group(1) if match else None
 
 
 def lock(name: str) -> str:

@@ -47,7 +47,7 @@ class Principal:
         if self.is_admin:
             return ""
         if self.kind == "apikey":
-            return f"k.{self.id}"
+            return keys.key_namespace(self.id)
         return keys.owner_namespace(self.id)
 
     def allows(self, scope: str) -> bool:

@@ -2,7 +2,8 @@
 ``/embeddings`` (``[providers.<provider>]``), through the provider room's chain, so every call
 passes that provider's ``rl:`` limits and is a usage row charged to the item and, for a job
 submitted by an API key or an account, to its owner namespace (``k.<key id>``,
-``u.<hash of sub>``: the prefix of its item id), which is then its usage rows' account.
+``u.<hash of sub>``: the prefix of its item id, ``keys.item_owner``), which is then its usage
+rows' account.
 
 A document's chunks go in batches of ``[pipeline] embed_batch`` (64) inputs per call. When a
 ``[budgets]`` limit is spent, the chain raises ``OverBudget`` before sending anything; the
@@ -12,7 +13,6 @@ into a 503.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,17 +25,6 @@ from gateway.providers import Charge, shared_providers
 
 BATCH = 64
 BUDGET_DELAY_SECONDS = 300.0
-# A job's item id is "<owner>/<job id>" when a key or an account submitted it
-# (gateway.inbound.jobs; gateway.access.principal.Principal.owner).
-_OWNED = re.compile(r"^(k\.[0-9a-f]+|u\.[0-9a-f]{16})/")
-
-
-def job_account(item_id: str) -> str | None:
-    """The owner namespace of a job's item id, or None (the admin's jobs, webhooks)."""
-    match = _OWNED.match(item_id)
-    return match.group(1) if match else None
-
-
 def _positive(section: Any, name: str, default: float) -> float:
     value = section.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

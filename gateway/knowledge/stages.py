@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from gateway import keys
 from gateway.knowledge import embedders, embedding, remote, search, vectors
 from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
 from gateway.providers import OverBudget
@@ -192,7 +193,7 @@ async def _embed(contexts: list[StageContext], rows: list[Any]) -> None:
                 continue
             try:
                 results[item] = await embedder.embed(
-                    [r["body"] for r in found], job=item, account=remote.job_account(item))
+                    [r["body"] for r in found], job=item, account=keys.item_owner(item))
             except OverBudget as exc:  # it waits for the budget; it has done nothing wrong
                 results[item] = Deferred(remote.budget_delay(runtime.settings), str(exc))
             except Exception as exc:  # this item fails alone; the others go on
