@@ -14,6 +14,7 @@ indexed, and the item completes. Links longer than ``MAX_LINK_BYTES`` are not ed
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -39,28 +40,44 @@ _MENTION = re.compile(r"(?<![\w@])@([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})")
 _TAG = re.compile(r"(?<![\w#&])#([A-Za-z][A-Za-z0-9_-]{0,63})")
 
 
+async def store(ctx: StageContext) -> None:
+    """Persist the document (a new run of the item id replaces the earlier one's)."""
+    await store_many([ctx])
+
+
 # Store starts a run: an earlier run of the item id (accepted again after its dedup window)
-# is replaced whole, its derived rows with its document, in one statement.
+# is replaced whole, its derived rows with its document. One statement for a batch: the
+# cost is per statement, not per document.
 _STORE = """
-WITH chunks AS (DELETE FROM pipeline_chunks WHERE item_id = $1),
-     edges AS (DELETE FROM pipeline_edges WHERE item_id = $1)
+WITH docs AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[])
+        AS t(item_id, priority, doc_type, title, url, body, document)),
+     chunks AS (DELETE FROM pipeline_chunks c USING docs WHERE c.item_id = docs.item_id),
+     edges AS (DELETE FROM pipeline_edges e USING docs WHERE e.item_id = docs.item_id)
 INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body, document)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
+SELECT item_id, priority, doc_type, title, url, body, document::jsonb FROM docs
 ON CONFLICT (item_id) DO UPDATE SET priority = EXCLUDED.priority,
     doc_type = EXCLUDED.doc_type, title = EXCLUDED.title, url = EXCLUDED.url,
     body = EXCLUDED.body, document = EXCLUDED.document, stored_at = now()
 """
 
 
-async def store(ctx: StageContext) -> None:
-    """Persist the document (a new run of the item id replaces the earlier one's)."""
-    doc = ctx.document
-    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-        raise PermanentError("document needs a string field 'text'")
-    title, url = doc.get("title"), doc.get("url")
-    await ctx.conn.execute(_STORE, ctx.item_id, ctx.priority, ctx.doc_type,
-                           title if isinstance(title, str) else None,
-                           url if isinstance(url, str) else None, doc["text"], doc)
+async def store_many(contexts: list[StageContext]) -> None:
+    """``store`` for a batch in one statement; a bad document raises, and the worker redoes
+    the batch one item at a time so that only it fails."""
+    rows: list[list[str | None]] = [[] for _ in range(7)]
+    for ctx in contexts:
+        doc = ctx.document
+        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+            raise PermanentError("document needs a string field 'text'")
+        title, url = doc.get("title"), doc.get("url")
+        for column, value in zip(rows, (
+                ctx.item_id, ctx.priority, ctx.doc_type,
+                title if isinstance(title, str) else None, url if isinstance(url, str) else None,
+                doc["text"], json.dumps(doc)), strict=True):
+            column.append(value)
+    await contexts[0].conn.execute(_STORE, *rows)
 
 
 def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:
@@ -80,12 +97,16 @@ def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:
     return chunks
 
 
-async def _body(ctx: StageContext) -> str:
-    body = await ctx.conn.fetchval(
-        "SELECT body FROM pipeline_documents WHERE item_id = $1", ctx.item_id)
-    if body is None:
+async def _bodies(contexts: list[StageContext]) -> list[str]:
+    """The stored bodies of the contexts' documents, in their order, in one read; a
+    document not stored is a permanent error (of the batch, redone one item at a time)."""
+    rows = await contexts[0].conn.fetch(
+        "SELECT item_id, body FROM pipeline_documents WHERE item_id = ANY($1::text[])",
+        [ctx.item_id for ctx in contexts])
+    found = {row["item_id"]: str(row["body"]) for row in rows}
+    if len(found) < len(contexts):
         raise PermanentError("document not stored")
-    return str(body)
+    return [found[ctx.item_id] for ctx in contexts]
 
 
 def _first(ctx: StageContext, found: list[T], what: str, cap: int, setting: str) -> list[T]:
@@ -99,13 +120,32 @@ def _first(ctx: StageContext, found: list[T], what: str, cap: int, setting: str)
 async def chunk(ctx: StageContext) -> None:
     """Split the stored document into chunks (replacing any from an earlier run); the first
     ``max_chunks_per_document`` are kept."""
-    parts = _first(ctx, split_text(await _body(ctx)), "chunks",
-                   ctx.runtime.settings.max_chunks_per_document,
-                   "GATEWAY_MAX_CHUNKS_PER_DOCUMENT")
-    await ctx.conn.execute("DELETE FROM pipeline_chunks WHERE item_id = $1", ctx.item_id)
-    await ctx.conn.executemany(
-        "INSERT INTO pipeline_chunks (item_id, seq, body) VALUES ($1, $2, $3)",
-        [(ctx.item_id, i, part) for i, part in enumerate(parts)])
+    await chunk_many([ctx])
+
+
+_CHUNKS_INSERT = """
+INSERT INTO pipeline_chunks (item_id, seq, body)
+SELECT * FROM unnest($1::text[], $2::int[], $3::text[])
+"""
+
+
+async def chunk_many(contexts: list[StageContext]) -> None:
+    """``chunk`` for a batch: one read of the bodies, one delete, one insert."""
+    ids: list[str] = []
+    seqs: list[int] = []
+    parts: list[str] = []
+    for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
+        kept = _first(ctx, split_text(body), "chunks",
+                      ctx.runtime.settings.max_chunks_per_document,
+                      "GATEWAY_MAX_CHUNKS_PER_DOCUMENT")
+        ids += [ctx.item_id] * len(kept)
+        seqs += range(len(kept))
+        parts += kept
+    conn = contexts[0].conn
+    await conn.execute("DELETE FROM pipeline_chunks WHERE item_id = ANY($1::text[])",
+                       [ctx.item_id for ctx in contexts])
+    if parts:
+        await conn.execute(_CHUNKS_INSERT, ids, seqs, parts)
 
 
 _CHUNKS = """
@@ -231,12 +271,30 @@ def extract_edges(text: str) -> list[tuple[str, str]]:
 async def graph(ctx: StageContext) -> None:
     """Links, @mentions and #tags of the document as edges: the first
     ``max_edges_per_document``."""
-    edges = _first(ctx, extract_edges(await _body(ctx)), "edges",
-                   ctx.runtime.settings.max_edges_per_document,
-                   "GATEWAY_MAX_EDGES_PER_DOCUMENT")
-    await ctx.conn.executemany(
-        "INSERT INTO pipeline_edges (item_id, kind, target) VALUES ($1, $2, $3)"
-        " ON CONFLICT DO NOTHING", [(ctx.item_id, kind, target) for kind, target in edges])
+    await graph_many([ctx])
 
+
+_EDGES_INSERT = """
+INSERT INTO pipeline_edges (item_id, kind, target)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT DO NOTHING
+"""
+
+
+async def graph_many(contexts: list[StageContext]) -> None:
+    """``graph`` for a batch: one read of the bodies, one insert of every edge."""
+    columns: tuple[list[str], list[str], list[str]] = ([], [], [])
+    for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
+        for kind, target in _first(ctx, extract_edges(body), "edges",
+                                   ctx.runtime.settings.max_edges_per_document,
+                                   "GATEWAY_MAX_EDGES_PER_DOCUMENT"):
+            for column, value in zip(columns, (ctx.item_id, kind, target), strict=True):
+                column.append(value)
+    if columns[0]:
+        await contexts[0].conn.execute(_EDGES_INSERT, *columns)
+
+
+store.many = store_many  # type: ignore[attr-defined]
+chunk.many = chunk_many  # type: ignore[attr-defined]
+graph.many = graph_many  # type: ignore[attr-defined]
 
 DEFAULTS: dict[str, Handler] = {"store": store, "chunk": chunk, "embed": embed, "graph": graph}
