@@ -4,7 +4,8 @@ to one process and where the CPU went.
 
 * pipeline: ``--items`` documents (default handlers) through store -> chunk -> embed ->
   graph, with 1, 2 and 4 worker processes; the clock runs from the first enqueue to the last
-  graph completion, the workers being up (their start-up line logged) before it starts.
+  graph completion, the workers being ready (model loaded, their ready line logged) before
+  it starts.
 * ingest: signed webhooks per second with 1 and 2 serve processes, one ``wrk`` per process
   (bench/ingest.py's script, signer and parser), each with ``--connections`` / processes;
   then with one ``gateway serve --processes N`` (N processes on one port, SO_REUSEPORT) and
@@ -294,7 +295,8 @@ def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
     if profile:
         Path(profile).mkdir(parents=True, exist_ok=True)
     with gateway_processes(runs, stores.env(), root, tag) as pids:
-        wait_logged([root / f"{tag}-{n}.log" for n in range(workers)], "worker: stages")
+        wait_logged([root / f"{tag}-{n}.log" for n in range(workers)],
+                    f"concurrency {concurrency}: ready")
         before = asyncio.run(pg_counters(stores.database_url, reset=True))
         calls = asyncio.run(redis_calls(stores.durable_url))
         spies = [subprocess.Popen(

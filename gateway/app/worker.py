@@ -52,6 +52,9 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
         warm = getattr(embedders.for_runtime(runtime), "warm", None)
         if warm is not None:  # the local model loads before the first lease, not during it
             await warm()
+    # Said once the model is loaded: from here the process leases work (a supervisor or a
+    # benchmark waiting for "ready" sees no start-up cost after it).
+    log.info("worker: stages %s, concurrency %d: ready", ",".join(stages), concurrency)
     sequencer = Sequencer(runtime.pg, runtime.cache)  # one numbering pass for every stage
     tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config,
                                              sequencer=sequencer)
@@ -82,7 +85,6 @@ async def _main(settings: Settings, stages: Sequence[str], concurrency: int) -> 
     install_stop_signals(stop)
     runtime = await open_runtime(settings, pg_max_size=min(len(stages) * concurrency, 40) + 2)
     try:
-        log.info("worker: stages %s, concurrency %d", ",".join(stages), concurrency)
         await run_workers(runtime, stop, stages=stages, concurrency=concurrency,
                           handlers=handlers)
     finally:
