@@ -185,8 +185,28 @@ async def sample_locks(database_url: str, done: asyncio.Event) -> tuple[float, f
     return sum(a for a, _ in samples) / count, sum(w for _, w in samples) / count
 
 
-async def _enqueue_and_wait(stores: Stores, items: int,
-                            tag: str) -> tuple[float, tuple[float, float]]:
+@dataclass
+class Timeline:
+    """When the graph stage's completions passed 10 % and 90 % of the items: the pipeline's
+    fill (nothing reaches graph before an item has passed three stages) and drain (the
+    last items' stages run one after another) against the rate between, which is what a
+    steady stream of documents gets."""
+
+    first_tenth: float
+    last_tenth: float  # from 90 % to the last completion
+    steady: float  # items/s between 10 % and 90 %
+
+
+def timeline(samples: Sequence[tuple[float, int]], items: int) -> Timeline:
+    low = next(s for s in samples if s[1] >= items * 0.1)
+    high = next(s for s in samples if s[1] >= items * 0.9)
+    end = samples[-1][0]
+    return Timeline(low[0], end - high[0],
+                    (high[1] - low[1]) / (high[0] - low[0]) if high[0] > low[0] else 0.0)
+
+
+async def _enqueue_and_wait(stores: Stores, items: int, tag: str
+                            ) -> tuple[float, tuple[float, float], Timeline]:
     durable = redis_clients.connect(stores.durable_url, variable="bench")
     done = asyncio.Event()
     sampler = asyncio.create_task(sample_locks(stores.database_url, done))
@@ -200,11 +220,15 @@ async def _enqueue_and_wait(stores: Stores, items: int,
                                 + "lorem ipsum " * 20})
                 await pipe.execute()
         # Polling a counter every 20 ms is the measurement, not synchronisation.
-        while int(await durable.hget(stats_key("graph"), "completed") or 0) < items:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-        elapsed = time.perf_counter() - started
+        samples: list[tuple[float, int]] = []
+        while not samples or samples[-1][1] < items:
+            completed = int(await durable.hget(stats_key("graph"), "completed") or 0)
+            samples.append((time.perf_counter() - started, completed))
+            if completed < items:
+                await asyncio.sleep(0.02)
+        elapsed = samples[-1][0]
         done.set()
-        return elapsed, await sampler
+        return elapsed, await sampler, timeline(samples, items)
     finally:
         done.set()
         await durable.aclose()
@@ -276,6 +300,7 @@ class PipelineResult:
     cpu: Cpu
     wall: float
     waits: tuple[float, float]
+    times: Timeline
     commits: float  # PostgreSQL commits per item
     syncs: float  # WAL syncs per item
     statements: list[tuple[int, float, str]]
@@ -304,7 +329,7 @@ def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
              "--nonblocking", "-o", str(Path(profile) / f"{tag}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)] if profile else []
         meter = CpuMeter(stores, pids)
-        elapsed, waits = asyncio.run(_enqueue_and_wait(stores, items, tag))
+        elapsed, waits, times = asyncio.run(_enqueue_and_wait(stores, items, tag))
         cpu = meter.stop()
         for spy in spies:  # SIGINT: py-spy writes its stacks and exits
             spy.send_signal(2)
@@ -312,7 +337,7 @@ def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
         after = asyncio.run(pg_counters(stores.database_url))
         statements = asyncio.run(top_statements(stores.database_url))
         calls_after = asyncio.run(redis_calls(stores.durable_url))
-    return PipelineResult(items / elapsed, cpu, elapsed, waits,
+    return PipelineResult(items / elapsed, cpu, elapsed, waits, times,
                           (after["commits"] - before["commits"]) / items,
                           (after["syncs"] - before["syncs"]) / items, statements,
                           {k: v - calls.get(k, 0) for k, v in calls_after.items()
@@ -476,6 +501,10 @@ def main() -> int:
                       f", ours {(run.cpu.gateway + run.cpu.postgres + run.cpu.redis) * per:.2f}"
                       f"; per item {run.commits:.2f} commits, {run.syncs:.2f} WAL syncs; "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
+                print(f"        steady {run.times.steady:.0f} items/s between 10 % and 90 % "
+                      f"of graph completions; fill {run.times.first_tenth:.2f} s to 10 %, "
+                      f"drain {run.times.last_tenth:.2f} s from 90 % of {run.wall:.2f} s",
+                      flush=True)
                 busiest = sorted(run.redis.items(), key=lambda kv: -kv[1])[:6]
                 print("        redis-durable calls per item: " + ", ".join(
                     f"{name} {count / args.items:.2f}" for name, count in busiest), flush=True)
