@@ -29,6 +29,7 @@ import asyncpg
 from gateway.config import Settings, positive_numbers
 from gateway.leases.maintenance import REFRESH_SECONDS, view_for
 from gateway.pipeline import metrics, queue
+from gateway.pipeline.batching import BatchSizer
 from gateway.pipeline.handlers import (
     NO_CONNECTION,
     Deferred,
@@ -70,8 +71,11 @@ class WorkerConfig:
     idle_min: float = 0.005
     idle_max: float = 0.25
     shutdown_grace: float = 20.0
-    # Items leased and journaled together (group commit); 1 = one transaction per item.
-    batch: int = 8
+    # At most this many items leased and journaled together (group commit); 1 = one
+    # transaction per item. The size follows the handler's speed (``batching``): as many
+    # as fit in ``batch_seconds``.
+    batch: int = 32
+    batch_seconds: float = 0.25
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
@@ -83,6 +87,7 @@ class WorkerConfig:
                    backoff=float(tuned.get("backoff_seconds", cls.backoff)),
                    backoff_cap=float(tuned.get("backoff_cap_seconds", cls.backoff_cap)),
                    batch=int(tuned.get("batch", cls.batch)),
+                   batch_seconds=float(tuned.get("batch_seconds", cls.batch_seconds)),
                    shutdown_grace=float(tuned.get("shutdown_grace_seconds",
                                                   cls.shutdown_grace)))
 
@@ -94,6 +99,7 @@ class WorkerConfig:
 # [pipeline] keys read here; "handlers" is read by gateway.pipeline.handlers, the embed
 # stage's keys by gateway.knowledge.
 _TUNABLE = {"backoff_seconds": float, "backoff_cap_seconds": float, "batch": int,
+            "batch_seconds": float,
             "shutdown_grace_seconds": float}
 _OTHERS = ("handlers", "embedder", "embed_batch", "budget_delay_seconds")
 
@@ -121,9 +127,11 @@ def worker_id() -> str:
 
 class StageWorker:
     """Runs ``concurrency`` loops for one stage in one process. Each loop leases up to
-    ``config.batch`` items at once and commits their handlers' writes, journal rows and feed
-    rows in one transaction (group commit: one fsync for the batch). The stages of one
-    process share ``sequencer``, so one numbering pass covers the feed rows of all."""
+    ``config.batch`` items at once (as many as the stage's recent time per item fits in
+    ``config.batch_seconds``: ``BatchSizer``) and commits their handlers' writes, journal
+    rows and feed rows in one transaction (group commit: one fsync for the batch). The
+    stages of one process share ``sequencer``, so one numbering pass covers the feed rows
+    of all."""
 
     def __init__(self, runtime: Any, stage: str, handler: Handler, config: WorkerConfig,
                  *, name: str | None = None, sequencer: Sequencer | None = None) -> None:
@@ -133,6 +141,7 @@ class StageWorker:
         self.config = config
         self.name = name or worker_id()
         self.sequencer = sequencer or Sequencer(runtime.pg, runtime.cache)
+        self.sizer = BatchSizer(config.batch, config.batch_seconds)
 
     async def run(self, stop: asyncio.Event, concurrency: int) -> None:
         await run_together([asyncio.create_task(self._loop(stop)) for _ in range(concurrency)])
@@ -147,7 +156,7 @@ class StageWorker:
                 continue
             try:
                 leases = await queue.fetch_many(self.runtime.durable, self.stage, self.name,
-                                                self.config.lease_ms, self.config.batch)
+                                                self.config.lease_ms, self.sizer.size())
             except Exception as exc:  # store outage: back off, keep the worker alive
                 log.warning("%s: fetch failed: %s", self.stage, exc)
                 leases = []
@@ -173,6 +182,7 @@ class StageWorker:
     async def process(self, leases: list[queue.LeasedItem],
                       stop: asyncio.Event | None = None) -> None:
         """Handle leased items to their end: completed, failed, or released on shutdown."""
+        started = time.perf_counter()
         work = asyncio.create_task(self._run(leases))
         beat = asyncio.create_task(self._heartbeat(leases, work))
         stopper = asyncio.create_task(self._grace(stop, work)) if stop else None
@@ -190,6 +200,7 @@ class StageWorker:
             beat.cancel()
             if stopper:
                 stopper.cancel()
+        self.sizer.timed(len(leases), time.perf_counter() - started)
         done = [lease for lease in leases if lease.item_id not in errors]
         # Everything below follows a commit that stands, so each step happens whatever the
         # others do; the first Redis error is raised at the end (the loop backs off, and
