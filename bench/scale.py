@@ -22,6 +22,8 @@ PostgreSQL commits and WAL fsyncs per item, and redis-durable's commands per ite
                           [--processes 1,2] [--batch N] [--statements]
     python bench/scale.py --serves "" --processes "" --topologies single   # pipeline only
     python bench/scale.py --workers 1 --serves 1 --profile /tmp/prof   # py-spy stacks
+    python bench/scale.py --busy-ms 1 --items 2000 --serves "" --processes "" \
+        --topologies single   # handlers that work in the worker (bench/busy_handlers.py)
 """
 
 from __future__ import annotations
@@ -313,13 +315,21 @@ class PipelineResult:
 
 
 def pipeline_run(stores: Stores, workers: int, items: int, concurrency: int,
-                 root: Path, profile: str | None = None, batch: int = 0) -> PipelineResult:
+                 root: Path, profile: str | None = None, batch: int = 0,
+                 busy_ms: float = 0.0) -> PipelineResult:
     asyncio.run(_reset(stores))
     tag = f"pipe-{stores.name}-{workers}"
     extra: dict[str, str] = {}
-    if batch:  # [pipeline] batch for the workers (default: the worker's own, 8)
+    toml = f"[pipeline]\nbatch = {batch}\n" if batch else ""  # default: the worker's own
+    if busy_ms:  # bench/busy_handlers.py: the default handlers after busy_ms of CPU each
+        extra["BENCH_BUSY_MS"] = str(busy_ms)
+        extra["PYTHONPATH"] = os.pathsep.join(filter(None, (
+            str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH"))))
+        toml += "[pipeline.handlers]\n" + "".join(
+            f'{stage} = "bench.busy_handlers:{stage}"\n' for stage in STAGES)
+    if toml:
         config = root / f"{tag}.toml"
-        config.write_text(f"[pipeline]\nbatch = {batch}\n")
+        config.write_text(toml)
         extra["GATEWAY_CONFIG"] = str(config)
     runs = [(extra, ["worker", "--concurrency", str(concurrency)])] * workers
     if profile:
@@ -460,6 +470,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="per worker process")
     parser.add_argument("--batch", type=int, default=0,
                         help="[pipeline] batch of the workers (default: theirs, 8)")
+    parser.add_argument("--busy-ms", type=float, default=0.0,
+                        help="each stage's handler first spins this many ms of CPU per item "
+                             "(bench/busy_handlers.py): work in the worker, not the stores")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--serves", default="1,2")
     parser.add_argument("--processes", default="1,2",
@@ -484,7 +497,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="gws-"))
     started: list[Any] = []
     print(f"{os.cpu_count()} cores; items={args.items} concurrency={args.concurrency}/worker "
-          f"batch={args.batch or 'default'}; "
+          f"batch={args.batch or 'default'} busy={args.busy_ms:g} ms/stage; "
           f"wrk -t1 on core {args.load_core}, {args.connections} connections in total, "
           f"{args.duration} s")
     try:
@@ -493,7 +506,7 @@ def main() -> int:
             base = steady_base = 0.0
             for workers in (int(w) for w in args.workers.split(",") if w):
                 run = pipeline_run(stores, workers, args.items, args.concurrency, root,
-                                   args.profile, args.batch)
+                                   args.profile, args.batch, args.busy_ms)
                 base = base or run.rate
                 steady_base = steady_base or run.times.steady
                 active, locked = run.waits
