@@ -151,23 +151,25 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
     return added
 
 
-def fetch_call(stage: str, worker: str, token: str, lease_ms: int,
-               count: int = 1) -> tuple[list[str], list[str]]:
+def fetch_call(stage: str, worker: str, token: str, lease_ms: int, count: int = 1,
+               max_bytes: int = 0) -> tuple[list[str], list[str]]:
     keys = [delayed_key(stage), inflight_key(stage), deadline_key(stage), meta_key(),
             *ready_keys(stage)]
     return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count),
-                  stage]
+                  stage, str(max_bytes)]
 
 
 async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
-                     count: int) -> list[LeasedItem]:
-    """Pop up to ``count`` best items of ``stage`` under one fresh fencing token.
+                     count: int, max_bytes: int = 0) -> list[LeasedItem]:
+    """Pop up to ``count`` best items of ``stage`` under one fresh fencing token; with
+    ``max_bytes``, only as many as keep their documents' bytes within it (the first item
+    always), so a batch of large documents stays small.
 
     A FETCH retried after a lost reply may pop items under a token nobody knows; they are
     not lost, only late: RECLAIM returns them when their leases expire.
     """
     token = uuid.uuid4().hex
-    keys, args = fetch_call(stage, worker, token, lease_ms, count)
+    keys, args = fetch_call(stage, worker, token, lease_ms, count, max_bytes)
     reply = await scripts_for(durable).fetch(keys=keys, args=args)
     if not reply:
         return []

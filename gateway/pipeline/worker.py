@@ -76,6 +76,9 @@ class WorkerConfig:
     # as fit in ``batch_seconds``.
     batch: int = 32
     batch_seconds: float = 0.25
+    # ... and at most this many bytes of documents (the first item always): what one loop's
+    # batch holds in memory stays bounded whatever the documents' sizes.
+    batch_bytes: int = 4 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
@@ -88,6 +91,7 @@ class WorkerConfig:
                    backoff_cap=float(tuned.get("backoff_cap_seconds", cls.backoff_cap)),
                    batch=int(tuned.get("batch", cls.batch)),
                    batch_seconds=float(tuned.get("batch_seconds", cls.batch_seconds)),
+                   batch_bytes=int(tuned.get("batch_bytes", cls.batch_bytes)),
                    shutdown_grace=float(tuned.get("shutdown_grace_seconds",
                                                   cls.shutdown_grace)))
 
@@ -99,7 +103,7 @@ class WorkerConfig:
 # [pipeline] keys read here; "handlers" is read by gateway.pipeline.handlers, the embed
 # stage's keys by gateway.knowledge.
 _TUNABLE = {"backoff_seconds": float, "backoff_cap_seconds": float, "batch": int,
-            "batch_seconds": float,
+            "batch_seconds": float, "batch_bytes": int,
             "shutdown_grace_seconds": float}
 _OTHERS = ("handlers", "embedder", "embed_batch", "budget_delay_seconds")
 
@@ -156,7 +160,8 @@ class StageWorker:
                 continue
             try:
                 leases = await queue.fetch_many(self.runtime.durable, self.stage, self.name,
-                                                self.config.lease_ms, self.sizer.size())
+                                                self.config.lease_ms, self.sizer.size(),
+                                                self.config.batch_bytes)
             except Exception as exc:  # store outage: back off, keep the worker alive
                 log.warning("%s: fetch failed: %s", self.stage, exc)
                 leases = []

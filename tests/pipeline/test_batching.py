@@ -35,11 +35,12 @@ def test_the_size_is_what_fits_in_the_time_between_one_and_the_most() -> None:
     assert 5 < medium.size() < 25
 
 
-def test_batch_and_batch_seconds_are_read_from_the_pipeline_table() -> None:
+def test_the_batch_bounds_are_read_from_the_pipeline_table() -> None:
     config = WorkerConfig.from_settings(Settings(sections={"pipeline": {
-        "batch": 64, "batch_seconds": 0.5}}))
-    assert (config.batch, config.batch_seconds) == (64, 0.5)
-    assert (WorkerConfig().batch, WorkerConfig().batch_seconds) == (32, 0.25)
+        "batch": 64, "batch_seconds": 0.5, "batch_bytes": 1000}}))
+    assert (config.batch, config.batch_seconds, config.batch_bytes) == (64, 0.5, 1000)
+    default = WorkerConfig()
+    assert (default.batch, default.batch_seconds, default.batch_bytes) == (32, 0.25, 4 << 20)
 
 
 async def test_a_slow_handlers_items_spread_over_the_loops(runtime: Runtime) -> None:

@@ -277,6 +277,28 @@ async def test_batched_fetch_merges_the_class_lists_in_score_order(runtime):
     assert await durable.exists(*ready_keys("store")) == 0
 
 
+async def test_batched_fetch_keeps_within_its_byte_bound(runtime):
+    """With ``max_bytes`` a FETCH stops before the item that would pass the bound (which
+    stays first in line); the first item is taken whatever its size."""
+    durable = runtime.durable
+    sizes = {"a": 1000, "b": 1000, "c": 1000, "big": 5000, "d": 10}
+    for item_id, size in sizes.items():
+        assert await queue.enqueue(durable, item_id, {"text": "x" * size})
+    payload = {i: len(json.dumps({"text": "x" * n}, separators=(",", ":")))
+               for i, n in sizes.items()}
+    two = payload["a"] + payload["b"]
+    first = await queue.fetch_many(durable, "store", "w", 60_000, 32, max_bytes=two)
+    assert [lease.item_id for lease in first] == ["a", "b"]
+    assert await ready_items(durable, "store") == ["c", "big", "d"]
+    assert [lease.item_id for lease in await queue.fetch_many(
+        durable, "store", "w", 60_000, 32, max_bytes=two)] == ["c"]  # big would pass it
+    alone = await queue.fetch_many(durable, "store", "w", 60_000, 32, max_bytes=two)
+    assert [lease.item_id for lease in alone] == ["big"]  # larger than the bound: alone
+    assert alone[0].document == {"text": "x" * 5000}
+    rest = await queue.fetch_many(durable, "store", "w", 60_000, 32)
+    assert [lease.item_id for lease in rest] == ["d"]
+
+
 async def test_fetch_skips_a_stale_ready_entry(runtime):
     """An entry whose meta no longer says "queued in this stage" is dropped, not leased."""
     durable = runtime.durable

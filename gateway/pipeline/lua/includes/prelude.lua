@@ -66,7 +66,9 @@ end
 -- Pop up to `count` items in score order: a merge of the class lists' first `count` entries
 -- (equal scores: the earlier list in KEYS, i.e. the lower class, first; no string compare,
 -- which in Lua would follow the server's locale), then one LTRIM per list that gave any.
-local function ready_pop(first, count)
+-- `take(item)`, if given, is asked about each item in turn before it is popped: false
+-- leaves it, and everything after it, in its list and ends the pop.
+local function ready_pop(first, count, take)
   local lists = {}
   for i = first, #KEYS do
     local entries = redis.call('LRANGE', KEYS[i], 0, count - 1)
@@ -85,6 +87,7 @@ local function ready_pop(first, count)
       end
     end
     if not best then break end
+    if take and not take(best.item) then break end
     out[#out + 1] = best.item
     best.pos = best.pos + 1
     ready_head(best)
