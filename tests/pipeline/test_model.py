@@ -111,7 +111,9 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             assert reply is not None and reply[0] in waiting
             item = self.items[reply[0]]
             assert (int(reply[5]), int(reply[6])) == (item.failures, item.reclaims)
-            assert reply[2] != ""  # the payload stays until the item leaves the pipeline
+            # The payload stays until the item leaves the pipeline; FETCH hands it to the
+            # store stage only.
+            assert (reply[2] != "") == (stage == "store")
             if item.token:
                 item.old_tokens.append(item.token)
             item.where, item.token, item.expired = "leased", token, short

@@ -110,13 +110,14 @@ async def test_add_trims_expired_entries_of_its_bucket_and_keeps_it_small(runtim
 
 async def test_complete_moves_through_all_stages_and_drops_payload_at_the_end(runtime):
     """The payload stays until the item leaves the pipeline (``recover --reset`` may have to
-    run its store stage again after a restore), then goes with its meta."""
+    run its store stage again after a restore), then goes with its meta; FETCH hands it to
+    the store stage only (the others read what store wrote)."""
     durable = runtime.durable
     await queue.enqueue(durable, "a", DOC, priority="high", doc_type="code")
     for stage in ("store", "chunk", "embed", "graph"):
         lease = await queue.fetch(durable, stage, "w1", 60_000)
         assert lease is not None and lease.item_id == "a"
-        assert lease.document == DOC
+        assert lease.document == (DOC if stage == "store" else None)
         assert await document(durable, "a") == DOC
         assert (lease.base, lease.bonus) == (50, 3)
         assert await queue.complete(durable, lease) is queue.LeaseResult.OK

@@ -6,7 +6,8 @@
 -- taken, and the pop ends before an item that would pass the bound (it stays first in line),
 -- so a batch of large documents holds a bounded amount of a worker's memory.
 -- Returns false when the stage is empty, else a flat list of 8 fields per item: item,
--- started_ms, payload or '', base, bonus, failures, reclaims, priority (submitted base).
+-- started_ms, payload (store stage; '' at the others), base, bonus, failures, reclaims,
+-- priority (submitted base).
 -- A popped entry whose meta does not say "queued in this stage" is stale and skipped (lazy
 -- deletion: nothing removes a given item from a ready list).
 local now = now_ms()
@@ -38,7 +39,9 @@ local function take(item)
   meta_put(KEYS[4], item, m)
   redis.call('HSET', KEYS[2], item, lease)
   redis.call('ZADD', KEYS[3], deadline, item)
-  for _, v in ipairs({item, tostring(now), m.payload, tostring(m.base), tostring(m.bonus),
+  -- The document goes out with the store stage only: the later stages read what store wrote.
+  local payload = ARGV[7] == 'store' and m.payload or ''
+  for _, v in ipairs({item, tostring(now), payload, tostring(m.base), tostring(m.bonus),
                       tostring(m.failures), tostring(m.reclaims), tostring(m.priority)}) do
     out[#out + 1] = v
   end
