@@ -132,8 +132,8 @@ end
 -- which knows owners: an entry whose item has left is dropped here, lazily, only when the
 -- owner looks full (a random sample of 16 per call, so the cost stays bounded and an owner
 -- whose items have finished is let in again after a call or two). The sample is small
--- because an owner at its quota may keep calling: a refusal costs about 1.4 accepts of
--- Redis time (31 µs against 21; with 128 it was 117).
+-- because an owner at its quota may keep calling: a refusal costs about 1.5 accepts of
+-- Redis time (bench/quota.py: 33 µs against 22; a sample of 128 cost 133).
 -- Takes the new item's place and answers true, or answers false (nothing written) when it
 -- does not fit.
 local QUOTA_BYTES, QUOTA_SWEEP = '~bytes', 16
