@@ -63,21 +63,24 @@ ON CONFLICT (item_id) DO UPDATE SET priority = EXCLUDED.priority,
 """
 
 
+def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """Rows (at least one) turned into columns: the arrays one ``unnest`` statement takes."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
 async def store_many(contexts: list[StageContext]) -> None:
     """``store`` for a batch in one statement; a bad document raises, and the worker redoes
     the batch one item at a time so that only it fails."""
-    rows: list[list[str | None]] = [[] for _ in range(7)]
+    rows: list[tuple[Any, ...]] = []
     for ctx in contexts:
         doc = ctx.document
         if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
             raise PermanentError("document needs a string field 'text'")
         title, url = doc.get("title"), doc.get("url")
-        for column, value in zip(rows, (
-                ctx.item_id, ctx.priority, ctx.doc_type,
-                title if isinstance(title, str) else None, url if isinstance(url, str) else None,
-                doc["text"], json.dumps(doc)), strict=True):
-            column.append(value)
-    await contexts[0].conn.execute(_STORE, *rows)
+        rows.append((ctx.item_id, ctx.priority, ctx.doc_type,
+                     title if isinstance(title, str) else None,
+                     url if isinstance(url, str) else None, doc["text"], json.dumps(doc)))
+    await contexts[0].conn.execute(_STORE, *_columns(rows))
 
 
 def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:
@@ -131,21 +134,17 @@ SELECT * FROM unnest($1::text[], $2::int[], $3::text[])
 
 async def chunk_many(contexts: list[StageContext]) -> None:
     """``chunk`` for a batch: one read of the bodies, one delete, one insert."""
-    ids: list[str] = []
-    seqs: list[int] = []
-    parts: list[str] = []
+    rows: list[tuple[Any, ...]] = []
     for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
         kept = _first(ctx, split_text(body), "chunks",
                       ctx.runtime.settings.max_chunks_per_document,
                       "GATEWAY_MAX_CHUNKS_PER_DOCUMENT")
-        ids += [ctx.item_id] * len(kept)
-        seqs += range(len(kept))
-        parts += kept
+        rows += [(ctx.item_id, seq, part) for seq, part in enumerate(kept)]
     conn = contexts[0].conn
     await conn.execute("DELETE FROM pipeline_chunks WHERE item_id = ANY($1::text[])",
                        [ctx.item_id for ctx in contexts])
-    if parts:
-        await conn.execute(_CHUNKS_INSERT, ids, seqs, parts)
+    if rows:
+        await conn.execute(_CHUNKS_INSERT, *_columns(rows))
 
 
 _CHUNKS = """
@@ -282,15 +281,13 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT DO NOTHING
 
 async def graph_many(contexts: list[StageContext]) -> None:
     """``graph`` for a batch: one read of the bodies, one insert of every edge."""
-    columns: tuple[list[str], list[str], list[str]] = ([], [], [])
+    rows: list[tuple[Any, ...]] = []
     for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
-        for kind, target in _first(ctx, extract_edges(body), "edges",
-                                   ctx.runtime.settings.max_edges_per_document,
-                                   "GATEWAY_MAX_EDGES_PER_DOCUMENT"):
-            for column, value in zip(columns, (ctx.item_id, kind, target), strict=True):
-                column.append(value)
-    if columns[0]:
-        await contexts[0].conn.execute(_EDGES_INSERT, *columns)
+        rows += [(ctx.item_id, kind, target) for kind, target in _first(
+            ctx, extract_edges(body), "edges", ctx.runtime.settings.max_edges_per_document,
+            "GATEWAY_MAX_EDGES_PER_DOCUMENT")]
+    if rows:
+        await contexts[0].conn.execute(_EDGES_INSERT, *_columns(rows))
 
 
 store.many = store_many  # type: ignore[attr-defined]
