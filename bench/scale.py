@@ -474,7 +474,7 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=4, help="per worker process")
     parser.add_argument("--batch", type=int, default=0,
-                        help="[pipeline] batch of the workers (default: theirs, 8)")
+                        help="[pipeline] batch of the workers (default: theirs, up to 32)")
     parser.add_argument("--busy-ms", type=float, default=0.0,
                         help="each stage's handler first spins this many ms of CPU per item "
                              "(bench/busy_handlers.py): work in the worker, not the stores")
