@@ -2,9 +2,10 @@
 
 ``SET key in-progress NX EX ttl`` claims an inbound event. The owner of the claim then either
 marks it ``done`` (the side effect happened) or releases it (processing failed before the side
-effect, so the sender's retry must be processed). Anyone else sees a duplicate, whether the
-claim is still in progress or done, and answers as for a success: Slack and Telegram must not
-retry into a second answer.
+effect, so the sender's retry must be processed). Anyone else learns which of the two it
+met: a ``done`` claim is a duplicate, answered as a success (Slack and Telegram must not retry
+into a second answer); a claim still ``in-progress`` is an attempt that may yet fail and be
+released, so its retry is told to come back later (503 + ``Retry-After``), never "done".
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _RELEASE = (Path(__file__).parent / "lua" / "release.lua").read_text()
 
 class Outcome(enum.Enum):
     CLAIMED = "claimed"
-    DUPLICATE = "duplicate"
+    DUPLICATE = "duplicate"  # the claim is done: the side effect happened
+    IN_PROGRESS = "in-progress"  # another attempt holds it and may still fail
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,13 @@ def new_token() -> str:
 
 
 async def claim(redis: AnyRedis, key: str, ttl: int) -> Claim:
+    """Take ``key``, or say in what state another attempt holds it (one command:
+    ``SET NX GET`` answers the value it found, nil when it set ours)."""
     token = new_token()
-    won = await redis.set(key, token, nx=True, ex=ttl)
-    return Claim(key, token, Outcome.CLAIMED if won else Outcome.DUPLICATE)
+    held = await redis.set(key, token, nx=True, ex=ttl, get=True)
+    if held is None:
+        return Claim(key, token, Outcome.CLAIMED)
+    return Claim(key, token, Outcome.DUPLICATE if held == DONE else Outcome.IN_PROGRESS)
 
 
 async def mark_done(redis: AnyRedis, claim_: Claim, ttl: int) -> None:

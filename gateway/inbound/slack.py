@@ -36,15 +36,14 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gateway import keys
 from gateway.api import routes
-from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, store_error
+from gateway.api.errors import ApiError, store_error
 from gateway.api.state import PUBLIC
 from gateway.conversations.model import Incoming
 from gateway.inbound import signing
 from gateway.inbound.chat_guard import Guard
 from gateway.inbound.http_intake import read_body
-from gateway.inbox.component import PlatformInbox
+from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.entry import Entry
-from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.outbound.live import PlatformReply
@@ -208,10 +207,9 @@ class SlackBot:
                 if mapped is None:
                     raise
                 return _refusal(mapped)
-            if pushed is Pushed.FULL:
-                return _refusal(ApiError(503, "backpressure",
-                                         "too many messages waiting for this chat",
-                                         {"Retry-After": str(RETRY_AFTER_SECONDS)}))
+            refused = refusal(pushed)
+            if refused is not None:
+                return _refusal(refused)
         return BoltResponse(status=200, body="")
 
     # --- outbound ----------------------------------------------------------------------

@@ -35,9 +35,8 @@ from gateway.api.state import PUBLIC, add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
-from gateway.inbox.component import PlatformInbox
+from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.entry import Entry
-from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
 from gateway.outbound.live import PlatformReply
@@ -166,9 +165,9 @@ class TelegramBot:
         if incoming is None:
             return
         claim = keys.dedup_telegram_update(self.ptb.bot.id, update.update_id)
-        if await self.inbox.push(Entry(incoming), claim) is Pushed.FULL:
-            raise ApiError(503, "backpressure", "too many messages waiting for this chat",
-                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        refused = refusal(await self.inbox.push(Entry(incoming), claim))
+        if refused is not None:
+            raise refused
 
     # --- outbound ----------------------------------------------------------------------
     def _sender(self, entry: Entry, retried: bool) -> Send:

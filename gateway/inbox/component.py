@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.config import Settings, field_types, positive_numbers
 from gateway.conversations.model import chat_key
 from gateway.conversations.service import service_for
@@ -48,7 +49,8 @@ class PlatformInbox:
 
     async def push(self, entry: Entry, claim_key: str | None) -> Pushed:
         """Durable before it returns ACCEPTED (or DUPLICATE); raises when redis-durable
-        refuses or is unreachable (the route answers 503 + Retry-After)."""
+        refuses or is unreachable (the route answers 503 + Retry-After). FULL and
+        IN_PROGRESS are refusals too: ``refusal`` gives the route its 503."""
         pushed = await self.queue.push(chat_key(entry.incoming), entry, claim_key,
                                        self.runtime.settings.dedup_ttl)
         if pushed is Pushed.ACCEPTED:
@@ -80,6 +82,21 @@ class PlatformInbox:
                 await task
 
         app.cleanup_ctx.append(lifecycle)
+
+
+_REFUSALS = {
+    Pushed.FULL: "too many messages waiting for this chat",
+    Pushed.IN_PROGRESS: "an earlier attempt of this event is still being taken in",
+}
+
+
+def refusal(pushed: Pushed) -> ApiError | None:
+    """The 503 + ``Retry-After`` a route answers for a push that took nothing in and must be
+    retried (a full chat; on a cluster, a claim another attempt still holds), else None."""
+    detail = _REFUSALS.get(pushed)
+    if detail is None:
+        return None
+    return ApiError(503, "backpressure", detail, {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 async def _first_set(*events: asyncio.Event) -> None:

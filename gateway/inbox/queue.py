@@ -9,9 +9,12 @@ conversation service stores a redelivered message once and answers it once).
 Single instance and Sentinel: ``push`` is one script that takes the dedup claim and appends
 the entry together, so an acknowledged event is always in the inbox. Redis Cluster: the
 claim (``dedup:*``) and the inbox hash to different slots; the claim is taken first as
-``in-progress`` with a short TTL, the entry appended, then the claim marked ``done``. A
-process that dies between the two leaves a claim that expires within ``CLAIM_SECONDS``, after
-which the platform's retry is accepted.
+``in-progress`` with a short TTL, the entry appended, then the claim marked ``done``. A retry
+that meets a claim still ``in-progress`` is answered ``IN_PROGRESS`` (the route's 503 +
+``Retry-After``), not ``DUPLICATE``: the first attempt may yet fail and release the claim, and
+a platform told "done" would never send the event again. A process that dies between the two
+leaves a claim that expires within ``CLAIM_SECONDS``, after which the platform's retry is
+accepted.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Pushed(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     FULL = "full"  # the chat has max_per_chat entries waiting: refuse, the platform retries
+    # Cluster only: another attempt holds the claim in-progress and may still fail; refuse,
+    # the platform retries, and the retry finds the claim done (duplicate) or released.
+    IN_PROGRESS = "in-progress"
 
 
 class Lost(enum.Enum):
@@ -103,6 +109,8 @@ class Inbox:
     async def _claim_then_push(self, chat: str, entry: Entry, claim_key: str,
                                ttl: int) -> Pushed:
         claim = await claims.claim(self.redis, claim_key, CLAIM_SECONDS)
+        if claim.outcome is claims.Outcome.IN_PROGRESS:
+            return Pushed.IN_PROGRESS
         if not claim.claimed:
             return Pushed.DUPLICATE
         try:

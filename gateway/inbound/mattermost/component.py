@@ -18,7 +18,6 @@ import aiohttp
 from aiohttp import web
 
 from gateway import keys
-from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings, field_types, positive_numbers
 from gateway.conversations import links
@@ -26,10 +25,9 @@ from gateway.conversations.model import Incoming
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.client import MattermostClient, Post
 from gateway.inbound.mattermost.listener import Listener, ListenerConfig
-from gateway.inbox.component import PlatformInbox
+from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.consumer import Process
 from gateway.inbox.entry import Entry
-from gateway.inbox.queue import Pushed
 from gateway.outbound.delivery import Send
 from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
@@ -74,9 +72,9 @@ class MattermostBot:
         route = {POST_ID: post.id, CREATED_AT: str(post.create_at)}
         pushed = await self.inbox.push(Entry(incoming, route),
                                        keys.dedup_mattermost_post(post.id))
-        if pushed is Pushed.FULL:
-            raise ApiError(503, "backpressure", "too many messages waiting for this channel",
-                           {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        refused = refusal(pushed)
+        if refused is not None:
+            raise refused
 
     def _sender(self, entry: Entry, retried: bool) -> Send:
         return MattermostReply(self, entry, retried)
