@@ -8,7 +8,8 @@ window is enough here: the barrier bounds guessing, it does not meter a rate.
 
 The client address is the TCP peer, unless the peer is a configured trusted proxy; then it is
 the right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy (never the
-left-most, which the client writes). An IPv6 address counts by its /64, since one host holds
+left-most, which the client writes), over every line of the header, in every form
+(``gateway.security.forwarded``). An IPv6 address counts by its /64, since one host holds
 a whole /64. A request through trusted proxies that names no client (no entry beyond the
 proxies, or garbage) is neither checked nor counted: a proxy is never blocked, so nobody can
 lock out every sender behind it.
@@ -47,6 +48,7 @@ from redis.commands.core import AsyncScript
 from gateway import keys
 from gateway.api.errors import ApiError
 from gateway.config import ConfigError, positive_numbers
+from gateway.security import forwarded
 from gateway.stores.coalesce import AutoPipeline
 
 log = logging.getLogger("gateway.security")
@@ -129,14 +131,8 @@ def _client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) 
     peer = request.remote or "unknown"
     if not trusted_proxies or not is_trusted(peer, trusted_proxies):
         return peer
-    hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
-    for hop in reversed([h for h in hops if h]):
-        if not is_trusted(hop, trusted_proxies):
-            try:
-                return str(ipaddress.ip_address(hop))
-            except ValueError:
-                return NOBODY  # a forged, unparsable entry: no client to count
-    return NOBODY
+    found = forwarded.client(request.headers.getall("X-Forwarded-For", ()), trusted_proxies)
+    return NOBODY if found is None else str(found)  # garbage: no client to count
 
 
 def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...],
