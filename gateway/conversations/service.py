@@ -123,11 +123,15 @@ class ConversationService:
             incoming, send, answered)
         answer = await store.reply(conn, incoming, conversation_id, seq, reply)
         if answer.row is None:
-            # Answered meanwhile by a handling that did not hold the chat lock: that one
-            # delivers its answer (or a redelivery sends it), so this one sends nothing.
+            # Answered meanwhile by a holder that lost the chat while its handler ran: it
+            # stored its reply, then met the fence. That reply is the answer, and this
+            # holder sends it unless it left already (settled; the fence's sent mark and
+            # the adapter's look-before-retry keep it to one message).
             log.warning("%s %s: message %s of conversation %s was answered already",
                         incoming.platform, incoming.chat, seq, conversation_id)
-            return Outcome(conversation_id, seq, answer.text, False, duplicate=True)
+            return await self._send_stored(
+                conn, incoming, send, conversation_id, seq, answer.seq, answer.text,
+                await store.settled(conn, conversation_id, answer.seq))
         await feed.publish(self.runtime.cache, answer.row)
         delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
                                         reply)
@@ -155,14 +159,22 @@ class ConversationService:
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                            seen: store.Received) -> Outcome:
         """The platform sent a message we stored and answered before: at most once."""
-        if seen.reply_seq is None or seen.reply_text is None or seen.reply_settled:
+        if seen.reply_seq is None or seen.reply_text is None:
             return Outcome(seen.conversation_id, seen.seq, seen.reply_text, False,
                            duplicate=True)
-        # Stored but never handed off (the process died in between): send that reply now.
-        delivered = await self._deliver(conn, incoming, send, seen.conversation_id,
-                                        seen.reply_seq, seen.reply_text)
-        return Outcome(seen.conversation_id, seen.seq, seen.reply_text, delivered,
-                       duplicate=True)
+        return await self._send_stored(conn, incoming, send, seen.conversation_id, seen.seq,
+                                       seen.reply_seq, seen.reply_text, seen.reply_settled)
+
+    async def _send_stored(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
+                           conversation_id: int, seq: int, reply_seq: int, text: str,
+                           settled: bool) -> Outcome:
+        """A reply stored before: sent now unless it left our hands already (``settled``:
+        delivered or dead-lettered); its holder died, or lost the chat, in between."""
+        delivered = False
+        if not settled:
+            delivered = await self._deliver(conn, incoming, send, conversation_id, reply_seq,
+                                            text)
+        return Outcome(conversation_id, seq, text, delivered, duplicate=True)
 
     async def _written(self, incoming: Incoming, send: Send,
                        deltas: AsyncIterator[str]) -> str:

@@ -158,6 +158,14 @@ async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
         " WHERE conversation_id = $1 AND seq = $2", conversation_id, seq)
 
 
+async def settled(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
+                  seq: int) -> bool:
+    """The reply ``seq`` left our hands already (``settle`` ran)."""
+    return bool(await conn.fetchval(
+        "SELECT settled_at IS NOT NULL FROM conversation_messages"
+        " WHERE conversation_id = $1 AND seq = $2", conversation_id, seq))
+
+
 async def history(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
                   limit: int = 20) -> list[Message]:
     """The last ``limit`` messages of a conversation, oldest first."""

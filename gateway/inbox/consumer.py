@@ -147,15 +147,17 @@ class InboxConsumer:
         # a connection error, which the loop swallows.
         while not self._stopping:
             await asyncio.sleep(self.inbox.limits.lease_seconds / 3)
+            held = dict(self.held)
             try:
-                lost = await self.inbox.renew(dict(self.held))
+                lost = await self.inbox.renew(held)
             except RedisError as exc:
                 self._outage(exc)
                 continue
             for chat in lost:
                 log.warning("inbox %s: lease of a chat lost; its next holder goes on",
                             self.inbox.platform)
-                self.held.pop(chat, None)
+                if self.held.get(chat) == held[chat]:  # not retaken here meanwhile
+                    del self.held[chat]
 
     async def _drain(self) -> None:
         """Let chats in flight finish the entry in hand (bounded), then cancel and give them
