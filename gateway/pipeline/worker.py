@@ -46,13 +46,17 @@ log = logging.getLogger("gateway.pipeline")
 FEED_TOPIC = "pipeline"
 _PRIORITY_NAME = {v: k for k, v in PRIORITY_BASE.items()}
 _TYPE_NAME = {v: k for k, v in TYPE_BONUS.items()}
-# Clocks of Redis (first-seen times) and PostgreSQL (journal times) may differ by this much.
+# Clocks of Redis (first-seen times) and PostgreSQL (journal times) may differ by this much:
+# the margin for journal rows written before they carried their lease's Redis time.
 RUN_SKEW_MS = 60_000
 
+# leased_ms: the Redis time of the FETCH that leased the item (``_new_runs`` tells runs apart
+# by it).
 _JOURNAL = """
-INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type)
-SELECT item_id, $2, $3, priority, doc_type
-FROM unnest($1::text[], $4::text[], $5::text[]) AS t(item_id, priority, doc_type)
+INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type, leased_ms)
+SELECT item_id, $2, $3, priority, doc_type, leased_ms
+FROM unnest($1::text[], $4::text[], $5::text[], $6::bigint[])
+    AS t(item_id, priority, doc_type, leased_ms)
 ON CONFLICT DO NOTHING RETURNING item_id
 """
 
@@ -292,7 +296,8 @@ class StageWorker:
             # only acknowledged.
             fresh = {r["item_id"] for r in await conn.fetch(
                 _JOURNAL, [lease.item_id for lease, _ in batch], self.stage, self.name,
-                [ctx.priority for _, ctx in batch], [ctx.doc_type for _, ctx in batch])}
+                [ctx.priority for _, ctx in batch], [ctx.doc_type for _, ctx in batch],
+                [lease.started_ms for lease, _ in batch])}
             if self.stage == STAGES[0] and len(fresh) < len(batch):
                 fresh |= await self._new_runs(conn, [(lease, (ctx.priority, ctx.doc_type))
                                                      for lease, ctx in batch
@@ -339,20 +344,22 @@ class StageWorker:
 
     async def _new_runs(self, conn: asyncpg.Connection,
                         held: list[tuple[queue.LeasedItem, tuple[str, str]]]) -> set[str]:
-        """Of the first stage's items whose journal row exists, those accepted again after
-        their dedup window: their rows are an earlier run's, finished before this run was
-        first seen (Redis time, with a margin for clock skew), so they are dropped and the
-        stages run again. Rows written after this run's first-seen time are a redo of this
-        run (a holder committed, then died) and are only acknowledged."""
+        """Of the first stage's items whose journal rows exist, those accepted again after
+        their dedup window: their rows are an earlier run's, leased before this run was first
+        seen (both Redis times, so exact whatever the window), so they are dropped and the
+        stages run again. Rows leased after this run's first-seen time are a redo of this run
+        (a holder committed, then died) and are only acknowledged. Rows from before the
+        journal kept lease times are judged by ``completed_at`` with a margin for skew."""
         ids = [lease.item_id for lease, _ in held]
         seen = await asyncio.gather(*(self.runtime.durable.hget(seen_key(i), i) for i in ids))
         rows = await conn.fetch(
-            "SELECT item_id, extract(epoch FROM max(completed_at)) * 1000 AS at"
+            "SELECT item_id, max(leased_ms) AS leased, count(*) - count(leased_ms) AS untimed,"
+            " extract(epoch FROM max(completed_at)) * 1000 AS at"
             " FROM pipeline_journal WHERE item_id = ANY($1::text[]) GROUP BY item_id", ids)
-        done_at = {r["item_id"]: float(r["at"]) for r in rows}
+        journal = {r["item_id"]: r for r in rows}
         earlier = [(lease, name) for (lease, name), first in zip(held, seen, strict=True)
-                   if first is not None
-                   and done_at.get(lease.item_id, 0.0) < int(first) - RUN_SKEW_MS]
+                   if first is not None and lease.item_id in journal
+                   and _before_run(journal[lease.item_id], int(first))]
         if not earlier:
             return set()
         stale = [lease.item_id for lease, _ in earlier]
@@ -361,7 +368,7 @@ class StageWorker:
         await conn.execute("DELETE FROM pipeline_journal WHERE item_id = ANY($1::text[])", stale)
         return {r["item_id"] for r in await conn.fetch(
             _JOURNAL, stale, self.stage, self.name, [name[0] for _, name in earlier],
-            [name[1] for _, name in earlier])}
+            [name[1] for _, name in earlier], [lease.started_ms for lease, _ in earlier])}
 
     async def _complete(self, leases: list[queue.LeasedItem]) -> None:
         if not leases:
@@ -448,6 +455,16 @@ class StoreOutage(Exception):
 
 _OUTAGE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
                   asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
+
+
+def _before_run(journal: Any, first_seen_ms: int) -> bool:
+    """Every journal row of the item is older than its run first seen at ``first_seen_ms``:
+    by lease time when each row has one, else by completion time with ``RUN_SKEW_MS``."""
+    if journal["leased"] is not None and int(journal["leased"]) >= first_seen_ms:
+        return False
+    if not journal["untimed"]:
+        return True
+    return float(journal["at"]) < first_seen_ms - RUN_SKEW_MS
 
 
 def _is_outage(exc: BaseException | None) -> bool:

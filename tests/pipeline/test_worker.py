@@ -235,8 +235,9 @@ async def test_a_job_id_reused_after_the_dedup_window_runs_every_stage_again(
     await runtime.durable.delete(keys.dedup_job("weekly-report"))
     await runtime.durable.hset(seen_key("weekly-report"), "weekly-report",
                                now_ms - window_ms - 5000)
+    # Rows as written before the journal kept lease times: judged by completion time.
     await runtime.pg.execute(
-        "UPDATE pipeline_journal SET completed_at = now() - interval '2 days'")
+        "UPDATE pipeline_journal SET completed_at = now() - interval '2 days', leased_ms = NULL")
     job["document"] = {"text": "second edition #two"}
     again = await client.post("/v1/jobs", json=job)
     assert again.status == 202 and (await again.json())["status"] == "accepted"
