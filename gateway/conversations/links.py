@@ -4,6 +4,9 @@ Mattermost, whose clients take a leading ``/`` as a slash command of their own: 
 ``bare_link``), and from then on that account may read the chat's ``conversation:<id>``
 topics, present and future.
 
+A code is drawn at random among 10^8 and a pending one is never reassigned (a draw that
+hits one draws again), and an account may ask for ``[access] link_codes_per_hour`` (20) codes
+(``rl:``, in ``gateway.web.auth``), so nobody can fill the space or take another's code.
 Wrong codes count per chat in ``brute:`` (5 in 10 minutes, then 15 minutes of polite
 refusals), so a chat cannot walk the 10^8 codes. The ``/link`` message itself is answered
 but never stored: its code must not reach the conversation or its feed."""
@@ -23,6 +26,7 @@ from gateway.conversations.model import Incoming, chat_key
 from gateway.stores.redis import AnyRedis
 
 CODE_SECONDS = 600
+DRAWS = 5  # a draw hits a pending code with odds (pending codes / 10^8): five never all do
 MAX_WRONG = 5
 WRONG_WINDOW = 600
 BLOCK_SECONDS = 900
@@ -56,13 +60,25 @@ def _hash(code: str) -> bytes:
     return hashlib.sha256(code.encode()).digest()
 
 
+class NoFreeCode(Exception):
+    """Every code drawn was pending for another request (a 503: try again)."""
+
+
 async def new_code(pool: asyncpg.Pool, sub: str) -> dict[str, Any]:
-    code = f"{secrets.randbelow(10**8):08d}"
-    await pool.execute("INSERT INTO link_codes (code_hash, sub, expires_at) VALUES"
-                       f" ($1, $2, now() + interval '{CODE_SECONDS} seconds')"
-                       " ON CONFLICT (code_hash) DO UPDATE SET sub = EXCLUDED.sub,"
-                       " expires_at = EXCLUDED.expires_at, used_at = NULL", _hash(code), sub)
-    return {"code": code, "expires_in": CODE_SECONDS}
+    """A fresh code for ``sub``. A pending code is never handed to anyone else: a draw that
+    hits one (used or expired codes may be drawn again) draws anew, ``DRAWS`` times at most."""
+    for _ in range(DRAWS):
+        code = f"{secrets.randbelow(10**8):08d}"
+        taken = await pool.fetchval(
+            "INSERT INTO link_codes (code_hash, sub, expires_at) VALUES"
+            f" ($1, $2, now() + interval '{CODE_SECONDS} seconds')"
+            " ON CONFLICT (code_hash) DO UPDATE SET sub = EXCLUDED.sub,"
+            " expires_at = EXCLUDED.expires_at, used_at = NULL"
+            " WHERE link_codes.used_at IS NOT NULL OR link_codes.expires_at <= now()"
+            " RETURNING true", _hash(code), sub)
+        if taken:
+            return {"code": code, "expires_in": CODE_SECONDS}
+    raise NoFreeCode(f"no free link code in {DRAWS} draws")
 
 
 def _barrier_keys(incoming: Incoming) -> tuple[str, str]:

@@ -14,7 +14,6 @@ one client cannot crowd out the others: 429 + ``Retry-After`` past it.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -39,6 +38,7 @@ from gateway.inbound.signing import MAX_ID_LENGTH, MalformedError
 from gateway.pipeline.stages import PRIORITY_BASE, TYPE_BONUS
 from gateway.pipeline.status import job_status
 from gateway.ratelimit import Limiter
+from gateway.ratelimit.credential import CredentialRate
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
 
@@ -99,7 +99,7 @@ async def submit_job(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if priority == "critical" and not principal.allows("jobs:critical"):
         raise ApiError(403, "forbidden", "priority critical needs the scope jobs:critical")
-    if not principal.is_admin and request.app[JOB_RATE].per_minute:  # 0: no limit
+    if not principal.is_admin:
         await request.app[JOB_RATE].admit(principal.owner)
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
     outcome = await inbound.intaker.submit(
@@ -131,28 +131,19 @@ async def get_job(request: web.Request) -> web.Response:
     return web.json_response(status)
 
 
-class JobRate:
+def job_rate(runtime: Runtime, auto: AutoPipeline) -> CredentialRate:
     """The per-credential submission limit (a sliding window in ``rl:``)."""
-
-    def __init__(self, runtime: Runtime, auto: AutoPipeline) -> None:
-        self.limiter = Limiter(runtime.durable, auto)
-        self.per_minute = int(runtime.settings.section("access").get("jobs_per_minute", 600))
-
-    async def admit(self, owner: str) -> None:
-        decision = await self.limiter.check(f"jobs:{owner}", rate=self.per_minute, period=60,
-                                            burst=self.per_minute)
-        if not decision.admitted:
-            raise ApiError(429, "rate_limited",
-                           f"more than {self.per_minute} jobs a minute for this credential",
-                           {"Retry-After": str(max(1, math.ceil(decision.wait)))})
+    per_minute = int(runtime.settings.section("access").get("jobs_per_minute", 600))
+    return CredentialRate(Limiter(runtime.durable, auto), "jobs", per_minute, 60,
+                          "jobs a minute for this credential")
 
 
-JOB_RATE: web.AppKey[JobRate] = web.AppKey("job_rate", JobRate)
+JOB_RATE: web.AppKey[CredentialRate] = web.AppKey("job_rate", CredentialRate)
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     inbound = install(app, runtime)
-    app[JOB_RATE] = JobRate(runtime, inbound.auto)
+    app[JOB_RATE] = job_rate(runtime, inbound.auto)
     # The API key's revocation mark is read by the enqueue script itself (no round trip).
     routes.post(app, "/v1/jobs", submit_job, scope="jobs:write", checks_revocation=True)
     routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")

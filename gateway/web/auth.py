@@ -11,9 +11,9 @@
   an accepted token can have: ``[access] max_token_seconds`` + the 5 s leeway) or ``{"sub"}``
   (the account's refresh families, then a not-before mark: every token issued until now).
 - ``POST /v1/auth/link-code``, ``GET /v1/auth/links``, ``DELETE /v1/auth/links/{id}``: an
-  access token's account links chats (``gateway.conversations.links``) and then reads their
-  ``conversation:<id>`` topics (``gateway.access.grants``: a removed link ends the streams
-  that read through it).
+  access token's account (``[access] link_codes_per_hour`` codes, 20) links chats
+  (``gateway.conversations.links``) and then reads their ``conversation:<id>`` topics
+  (``gateway.access.grants``: a removed link ends the streams that read through it).
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
 from gateway.conversations import links
 from gateway.inbound.http_intake import install as install_inbound
 from gateway.inbound.http_intake import read_body
+from gateway.keys import owner_namespace
+from gateway.ratelimit import Limiter
+from gateway.ratelimit.credential import CredentialRate
 from gateway.stores.runtime import Runtime
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+LINK_CODES_PER_HOUR = 20  # [access] link_codes_per_hour: codes one account may ask for
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -161,8 +165,19 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     async def grant(principal: Principal, topics: list[str]) -> set[str]:
         return await grants.grant(principal, topics)
 
+    per_hour = int(runtime.settings.section("access").get("link_codes_per_hour",
+                                                          LINK_CODES_PER_HOUR))
+    code_rate = CredentialRate(Limiter(runtime.durable, auth.revocations.auto), "link-codes",
+                               per_hour, 3600, "link codes an hour for this account")
+
     async def link_code(request: web.Request) -> web.Response:
-        return web.json_response(await links.new_code(runtime.pg, _account(request)))
+        account = _account(request)
+        await code_rate.admit(owner_namespace(account))
+        try:
+            return web.json_response(await links.new_code(runtime.pg, account))
+        except links.NoFreeCode:
+            raise ApiError(503, "busy", "no free link code now; retry",
+                           {"Retry-After": "1"}) from None
 
     async def list_links(request: web.Request) -> web.Response:
         found = await links.links_of(runtime.pg, _account(request))

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -241,3 +242,33 @@ async def test_mattermost_link_without_the_slash(
     finally:
         await rt.close()
 
+
+
+async def test_a_pending_code_is_never_handed_to_another_account(
+        rt: Runtime, client: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob draws the 8 digits of Alice's pending code: he gets another code, and the chat
+    that sends Alice's code is linked to Alice, not to Bob."""
+    draws = iter([12345678, 12345678, 87654321])
+    monkeypatch.setattr(links, "secrets", SimpleNamespace(randbelow=lambda _: next(draws)))
+    async with client.post("/v1/auth/link-code", headers=bearer("alice")) as first:
+        assert (await first.json())["code"] == "12345678"
+    async with client.post("/v1/auth/link-code", headers=bearer("bob")) as collided:
+        assert collided.status == 200 and (await collided.json())["code"] == "87654321"
+    assert await say(rt, "777", "/link 12345678", "1") == [links.LINKED]
+    rows = await rt.pg.fetch("SELECT sub, chat_key FROM chat_links")
+    assert [(r["sub"], r["chat_key"]) for r in rows] == [("alice", "777")]
+
+
+async def test_link_codes_are_limited_per_account(rt: Runtime,
+                                                  client: TestClient[Any, Any]) -> None:
+    """20 codes an hour per account ([access] link_codes_per_hour), then 429 + Retry-After;
+    another account is not affected."""
+    for _ in range(20):
+        async with client.post("/v1/auth/link-code", headers=bearer("mallory")) as issued:
+            assert issued.status == 200
+    async with client.post("/v1/auth/link-code", headers=bearer("mallory")) as refused:
+        assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+    async with client.post("/v1/auth/link-code", headers=bearer("alice")) as other:
+        assert other.status == 200
+    assert await rt.pg.fetchval("SELECT count(*) FROM link_codes WHERE sub = 'mallory'") == 20
+    assert await registry_violations(rt.durable, "durable") == []
