@@ -269,7 +269,8 @@ async def handle_incoming(runtime: Runtime, incoming: Incoming, send: Send) -> N
     Retry-After (raise ``gateway.outbound.errors.RetryLater`` or let the platform error
     through), retries other errors with backoff and dead-letters the reply in the
     ``undelivered_replies`` table after the last attempt. It returns once the reply is
-    delivered or dead-lettered: mark the inbound dedup claim done then. It raises only when
-    the message could not be stored (release the claim so the platform's retry is handled).
+    delivered or dead-lettered: mark the inbound dedup claim done then. It raises when the
+    message could not be stored, or (``StoreOutage``) when redis-durable was out of reach as
+    the reply was sent: release the claim, the platform's retry sends the stored reply.
     """
     await service_for(runtime).handle(incoming, send)

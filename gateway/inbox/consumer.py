@@ -6,8 +6,9 @@ renewed together every third of their length; expired ones (a holder died or sta
 reclaimed by any consumer. Before every platform call of a reply the consumer checks it still
 holds the chat and what of the reply left (the fence, ``fence.py``): a holder that stalled
 past its lease stops instead of answering next to its successor. A store outage releases the
-chat without counting against its entry; any other failure counts, and an entry that keeps
-failing ends in the dead letters.
+chat without counting against its entry, also one met while the reply is sent (the limiter's
+or the fence's store: ``StoreOutage``, which the delivery loop does not count); any other
+failure counts, and an entry that keeps failing ends in the dead letters.
 
 A push in this process wakes the consumer at once; other replicas find work by polling
 every ``poll_seconds``.
@@ -33,6 +34,7 @@ from gateway.inbox.fence import Fence, FencedLive, LeaseLost, fenced_send
 from gateway.inbox.queue import Inbox, Lost, Taken, new_token
 from gateway.leases.maintenance import view_for
 from gateway.outbound.delivery import Send
+from gateway.outbound.errors import StoreOutage
 from gateway.outbound.live import MAX_CHARS, PlatformReply
 from gateway.stores.runtime import Runtime
 
@@ -41,7 +43,7 @@ log = logging.getLogger("gateway.inbox")
 # The stores being unreachable is no fault of the entry: retried without counting.
 OUTAGE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
           asyncpg.exceptions.OperatorInterventionError, asyncpg.TooManyConnectionsError,
-          RedisConnectionError, RedisTimeoutError, TimeoutError)
+          RedisConnectionError, RedisTimeoutError, TimeoutError, StoreOutage)
 
 # Processes one entry; replies go through ``send``.
 Process = Callable[[Entry, Send], Awaitable[None]]

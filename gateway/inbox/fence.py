@@ -22,7 +22,9 @@ from redis.exceptions import RedisError
 
 from gateway.inbox.queue import Inbox
 from gateway.outbound.delivery import Send
+from gateway.outbound.errors import StoreOutage
 from gateway.outbound.live import PlatformReply, pieces
+from gateway.stores.redis import UNREACHABLE
 
 
 class LeaseLost(BaseException):
@@ -37,8 +39,12 @@ class Fence:
         self.digest = hashlib.blake2b(head.encode(), digest_size=12).hexdigest()
 
     async def check(self) -> tuple[bool, list[str]]:
-        """(the whole reply left, the messages showing it so far); raises ``LeaseLost``."""
-        holds, sent = await self.inbox.before_send(self.chat, self.token)
+        """(the whole reply left, the messages showing it so far); raises ``LeaseLost``, or
+        ``StoreOutage`` when redis-durable cannot be asked."""
+        try:
+            holds, sent = await self.inbox.before_send(self.chat, self.token)
+        except UNREACHABLE as exc:  # not the reply's fault: the chat is given back uncounted
+            raise StoreOutage(f"inbox fence: {type(exc).__name__}") from exc
         if not holds:
             raise LeaseLost(self.chat)
         if sent == self.digest:

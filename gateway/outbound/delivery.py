@@ -3,7 +3,9 @@
 A limited send waits; a platform 429 is retried after its Retry-After without counting as a
 failure; any other error is retried with exponential backoff, and after the last attempt the
 reply goes to the ``undelivered_replies`` table (PostgreSQL, the system of record) and is
-logged. Nothing is dropped silently.
+logged. Nothing is dropped silently. redis-durable out of reach (the limiter's buckets, or the
+fence inside ``send``) is no fault of the reply: ``StoreOutage`` goes to the caller, which
+gives the message back uncounted, and the stored reply is sent when it is retried.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any, Protocol, TypeAlias
 import asyncpg
 
 from gateway.config import Settings, field_types, positive_numbers
-from gateway.outbound.errors import Undeliverable, retry_after_of
+from gateway.outbound.errors import StoreOutage, Undeliverable, retry_after_of
 from gateway.ratelimit import Limiter, Rate
+from gateway.stores.redis import UNREACHABLE
 
 log = logging.getLogger("gateway.outbound")
 
@@ -97,14 +100,10 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
     failures = rate_limited = 0
     while True:
         try:
-            # Inside the try: a limiter whose store is unreachable fails this attempt like a
-            # platform error would, so the reply ends in the dead letters, never in limbo.
-            for name, rate in limits:
-                await limiter.acquire(name, rate=rate.rate, period=rate.period,
-                                      burst=rate.burst)
+            await _admit(limiter, limits)
             await send(text)
             return True
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, StoreOutage):
             raise
         except Exception as exc:
             wait = retry_after_of(exc)
@@ -126,3 +125,12 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
             log.warning("%s %s: send failed (%s), retry %d in %.2f s", incoming.platform,
                         incoming.chat, error, failures, delay)
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
+
+
+async def _admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> None:
+    """Wait for every platform bucket; an unreachable limiter store is a ``StoreOutage``."""
+    try:
+        for name, rate in limits:
+            await limiter.acquire(name, rate=rate.rate, period=rate.period, burst=rate.burst)
+    except UNREACHABLE as exc:
+        raise StoreOutage(f"rate limiter: {type(exc).__name__}") from exc

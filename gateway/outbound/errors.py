@@ -1,5 +1,5 @@
-"""How a failed send steers the retry loop: wait (``RetryLater`` or a platform 429), or give
-up at once (``Undeliverable``)."""
+"""How a failed send steers the retry loop: wait (``RetryLater`` or a platform 429), give up
+at once (``Undeliverable``), or step out uncounted (``StoreOutage``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ class RetryLater(Exception):
 class Undeliverable(Exception):
     """Raise from a send function when retrying cannot help (bot blocked, chat gone, message
     refused): the reply goes straight to the dead letters."""
+
+
+class StoreOutage(Exception):
+    """A store the send's own checks read (the ``rl:`` buckets, the inbox fence) cannot be
+    reached: no fault of the reply, so ``deliver`` neither retries nor dead-letters it. The
+    caller gives the message back uncounted; the reply stays stored, unsettled, and the
+    retry sends it."""
 
 
 def retry_after_of(exc: BaseException) -> float | None:

@@ -16,6 +16,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.config import ConfigError
 from gateway.stores.cluster import GatewayCluster
@@ -27,6 +28,10 @@ AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 # Retry-After on a request), never a hang. Every command the gateway sends is short (scripts
 # work in bounded batches; WAITAOF waits at most 2 s), so this is far above a healthy reply.
 REDIS_TIMEOUT_SECONDS = 3.0
+
+# What a Redis call raises when the server cannot be reached or does not answer within the
+# budget (builtin TimeoutError: a coalesced flush's own deadline).
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError)
 
 # Connections per client on a single instance or Sentinel unless the caller says otherwise.
 DEFAULT_CONNECTIONS = 64

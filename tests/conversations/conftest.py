@@ -3,13 +3,14 @@ chat (parametrize it indirectly with the platform's name)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from gateway.config import Settings
 from gateway.stores.runtime import Runtime, open_runtime
+from tests.conversations import gated
 from tests.conversations.fast import with_sections
 from tests.conversations.platforms import Chat, chat_on
 from tests.fakes import FakeMattermost, FakeSlack, FakeTelegram
@@ -38,3 +39,13 @@ async def chat(request: pytest.FixtureRequest, runtime: Runtime, settings: Setti
     fakes = {"telegram": fake_telegram, "slack": fake_slack, "mattermost": fake_mattermost}
     async with chat_on(request.param, settings, fakes[request.param], make_client) as opened:
         yield opened
+
+
+@pytest.fixture
+def gates() -> Iterator[gated.Gates]:
+    """Fresh gates for ``tests.conversations.gated:handler``; opened at the end, so nothing
+    is left waiting at one."""
+    gated.GATES = gated.Gates()
+    yield gated.GATES
+    for event in gated.GATES.opened.values():
+        event.set()

@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.conversations.handlers import Context
+from tests.conversations.platforms import INBOX_FAST, limits
+
+LEASE_SECONDS = 2
 
 
 @dataclass
@@ -30,3 +34,9 @@ async def handler(ctx: Context) -> str:
     GATES.entered[run].set()
     await GATES.opened[run].wait()
     return f"reply {run}"
+
+
+def sections(lease_seconds: float = LEASE_SECONDS) -> dict[str, Any]:
+    """Test sections with this handler, generous limits and a short chat lease."""
+    return {"conversations": {"handler": "tests.conversations.gated:handler"},
+            "ratelimit": limits(1000), "inbox": {**INBOX_FAST, "lease_seconds": lease_seconds}}

@@ -4,34 +4,17 @@ holder, and nothing ends in the dead letters."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from gateway import keys
+from gateway.config import Settings
 from gateway.inbound.telegram import TELEGRAM_BOT
 from gateway.inbox.consumer import InboxConsumer
 from gateway.stores.runtime import Runtime
 from tests.conversations import gated
-from tests.conversations.platforms import INBOX_FAST, TelegramChat, bot_replies, limits
+from tests.conversations.platforms import TelegramChat, bot_replies
 from tests.fakes import FakeTelegram
 from tests.helpers import wait_until
-
-LEASE_SECONDS = 2
-
-
-@pytest.fixture
-def gates() -> Iterator[gated.Gates]:
-    gated.GATES = gated.Gates()
-    yield gated.GATES
-    for event in gated.GATES.opened.values():  # nothing left waiting at a gate
-        event.set()
-
-
-def sections() -> dict[str, Any]:
-    return {"conversations": {"handler": "tests.conversations.gated:handler"},
-            "ratelimit": limits(1000), "inbox": {**INBOX_FAST, "lease_seconds": LEASE_SECONDS}}
 
 
 def consumer_of(chat: TelegramChat) -> InboxConsumer:
@@ -42,15 +25,20 @@ async def undelivered(runtime: Runtime) -> int:
     return int(await runtime.pg.fetchval("SELECT count(*) FROM undelivered_replies"))
 
 
+async def settled(runtime: Runtime) -> bool:
+    return bool(await runtime.pg.fetchval(
+        "SELECT settled_at IS NOT NULL FROM conversation_messages WHERE role = 'bot'"))
+
+
 async def test_a_reply_stored_by_a_holder_that_lost_the_chat_is_sent_once_by_the_next(
-        runtime: Runtime, settings: Any, fake_telegram: FakeTelegram,
+        runtime: Runtime, settings: Settings, fake_telegram: FakeTelegram,
         make_client: Callable[..., Any], gates: gated.Gates) -> None:
     """Holder A stalls in the handler past its lease (it renews nothing), B reclaims the chat
     and runs the handler too; A stores its reply and is fenced before sending it; B's reply
     finds A's stored: B sends that one (the stored reply is the answer), once."""
     chat = TelegramChat(settings, fake_telegram, make_client)
     try:
-        await chat.start(sections())
+        await chat.start(gated.sections())
         consumer = consumer_of(chat)
         renew = consumer.inbox.renew
 
@@ -60,15 +48,15 @@ async def test_a_reply_stored_by_a_holder_that_lost_the_chat_is_sent_once_by_the
         consumer.inbox.renew = stalled  # type: ignore[method-assign]
         await chat.say("question")
         await wait_until(gates.entered[1].is_set, message="A runs the handler")
-        await wait_until(gates.entered[2].is_set, timeout=LEASE_SECONDS * 3,
+        await wait_until(gates.entered[2].is_set, timeout=gated.LEASE_SECONDS * 3,
                          message="A's lease ran out and B runs the handler too")
         consumer.inbox.renew = renew  # type: ignore[method-assign]  # B renews
         gates.opened[1].set()  # A stores "reply 1", then meets the fence
         await wait_until(lambda: bot_replies(runtime), message="A's reply stored")
         gates.opened[2].set()  # B's "reply 2" finds A's stored
         await chat.wait_for_text("reply 1")
-        await wait_until(lambda: _settled(runtime), message="the reply settled")
-        await wait_until(lambda: _inbox_empty(runtime), message="the message acknowledged")
+        await wait_until(lambda: settled(runtime), message="the reply settled")
+        await wait_until(lambda: idle(consumer), message="the message acknowledged")
     finally:
         await chat.stop()
     assert fake_telegram.sent_texts(TelegramChat.chat_id) == ["reply 1"]
@@ -76,12 +64,6 @@ async def test_a_reply_stored_by_a_holder_that_lost_the_chat_is_sent_once_by_the
     assert await undelivered(runtime) == 0
 
 
-async def _settled(runtime: Runtime) -> bool:
-    return bool(await runtime.pg.fetchval(
-        "SELECT settled_at IS NOT NULL FROM conversation_messages WHERE role = 'bot'"))
-
-
-async def _inbox_empty(runtime: Runtime) -> bool:
-    pattern = keys.inbox("telegram", "chat", "*")
-    found = [key async for key in runtime.durable.scan_iter(match=pattern)]
-    return not found
+async def idle(consumer: InboxConsumer) -> bool:
+    """Nothing waiting, held or dead in the consumer's inbox."""
+    return not any((await consumer.inbox.depth()).values())

@@ -9,6 +9,8 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gateway import keys
 from gateway.config import Settings
 from gateway.conversations import store
@@ -19,7 +21,7 @@ from gateway.conversations.service import (
     Incoming,
     handle_incoming,
 )
-from gateway.outbound.errors import RetryLater
+from gateway.outbound.errors import RetryLater, StoreOutage
 from gateway.push import feed
 from gateway.stores.embedded import RedisServer
 from gateway.stores.postgres import create_pool
@@ -283,28 +285,31 @@ async def test_failed_send_is_retried_then_dead_lettered(fast_runtime: Runtime) 
 
 
 
-async def test_unreachable_limiter_store_dead_letters_instead_of_losing(
+async def test_unreachable_limiter_store_is_an_outage_and_the_retry_sends_the_reply(
         fast_settings: Settings, runtime: Runtime,
         redis_factory: Callable[..., RedisServer]) -> None:
-    """redis-durable dies between messages: the reply cannot pass the limiter, is retried,
-    and lands in undelivered_replies; after a restart the next message is answered."""
+    """redis-durable dies between messages: the reply cannot pass the limiter. That is no
+    send failure (nothing retried against the dead store, nothing dead-lettered): the caller
+    gets ``StoreOutage``, and the platform's retry after the restart sends the stored reply."""
     durable = redis_factory("durable")
     rt = await open_runtime(dataclasses.replace(fast_settings, durable_url=durable.url))
     out = Outbox()
+    during = msg("during")
     try:
         service = ConversationService(rt)
         await service.handle(msg("before"), out)
         durable.kill()
-        outcome = await service.handle(msg("during"), out)
-        assert not outcome.delivered
+        with pytest.raises(StoreOutage):
+            await service.handle(during, out)
         durable.restart()
+        retried = await service.handle(during, out)
         await service.handle(msg("after"), out)
     finally:
         await rt.close()
-    assert out.texts == ["echo: before (1 messages)", "echo: after (5 messages)"]
-    row = await runtime.pg.fetchrow("SELECT text, attempts, last_error FROM undelivered_replies")
-    assert row["text"] == "echo: during (3 messages)" and row["attempts"] == 3
-    assert "Connection" in row["last_error"]
+    assert retried.duplicate and retried.delivered
+    assert out.texts == ["echo: before (1 messages)", "echo: during (3 messages)",
+                         "echo: after (5 messages)"]
+    assert await runtime.pg.fetchval("SELECT count(*) FROM undelivered_replies") == 0
 
 
 async def test_more_chats_than_pool_connections(fast_settings: Settings,
