@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("inbox",),
     ("dedup",),
     ("conversations", "knowledge"),
-    ("pipeline",),
+    ("pipeline", "notifications"),
     ("outbound", "push", "providers"),
     ("ratelimit", "leases"),
     ("api",),

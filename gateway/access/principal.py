@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gateway import keys
 
 SCOPES = ("jobs:write", "jobs:read", "jobs:critical", "search:read", "feed:read",
-          "metrics:read", "admin", "tokens:issue")
+          "metrics:read", "admin", "tokens:issue", "events:write", "subscriptions:write")
 
 
 def topic_matches(pattern: str, topic: str) -> bool:

@@ -21,6 +21,7 @@ _TITLE_FIELDS = ("title", "subject", "name", "type")
 # stages that encode the document again would fail on it for good (a dead letter).
 MAX_DEPTH = 64
 _URL_FIELDS = ("url", "html_url", "link")
+MAX_EVENT_CHARS = 100  # an event type named by a header (it becomes a feed row's kind)
 
 
 def parse_json(body: bytes) -> Any:
@@ -108,13 +109,17 @@ def _first_string(body: dict[str, Any], names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _document_fields(source: str, delivery_id: str, body: Any) -> dict[str, str]:
-    """The string fields of the document derived from ``body`` (all but ``body`` itself)."""
+def _document_fields(source: str, delivery_id: str, body: Any,
+                     event: str | None = None) -> dict[str, str]:
+    """The string fields of the document derived from ``body`` (all but ``body`` itself);
+    ``event``: the event's type when a header names it (GitHub's ``X-GitHub-Event``)."""
     fields = body if isinstance(body, dict) else {}
     text = fields.get("text")
     if not isinstance(text, str) or not text.strip():
         text = json.dumps(body, sort_keys=True, ensure_ascii=False)
     document = {"text": text, "source": source, "delivery_id": delivery_id}
+    if event and event.isascii() and event.isprintable():  # a header: anything may come
+        document["event"] = event[:MAX_EVENT_CHARS]
     title = _first_string(fields, _TITLE_FIELDS)
     if title is not None:
         document["title"] = title
@@ -124,16 +129,18 @@ def _document_fields(source: str, delivery_id: str, body: Any) -> dict[str, str]
     return document
 
 
-def webhook_document(source: str, delivery_id: str, body: Any) -> dict[str, Any]:
-    return {**_document_fields(source, delivery_id, body), "body": body}
+def webhook_document(source: str, delivery_id: str, body: Any,
+                     event: str | None = None) -> dict[str, Any]:
+    return {**_document_fields(source, delivery_id, body, event), "body": body}
 
 
-def webhook_payload(source: str, delivery_id: str, body_text: str, body: Any) -> str:
+def webhook_payload(source: str, delivery_id: str, body_text: str, body: Any,
+                    event: str | None = None) -> str:
     """``webhook_document`` already encoded as JSON, built by hand because this is the ingest
     path's largest cost: every field but ``body`` is a string (escaped by the C function
     behind ``json.dumps``, without its per-call encoder set-up), and ``body`` is the
     sender's own text, parsed by ``parse_json_text`` (so valid JSON that decodes to
     ``body``), spliced in rather than encoded a second time."""
     parts = [f'"{name}":{_quote(value)}'
-             for name, value in _document_fields(source, delivery_id, body).items()]
+             for name, value in _document_fields(source, delivery_id, body, event).items()]
     return "{" + ",".join(parts) + ',"body":' + body_text.strip() + "}"

@@ -75,7 +75,9 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
     try:
         delivery_id = signing.verify(source, request.headers, body)
         text, value = parse_json_text(body)
-        payload = webhook_payload(name, delivery_id, text, value)
+        # GitHub names the event in a header; the other schemes in the body ("type").
+        event = request.headers.get("X-GitHub-Event") if source.scheme == "github" else None
+        payload = webhook_payload(name, delivery_id, text, value, event)
     except signing.SignatureError as exc:
         blocked_for = await inbound.barrier.record_failure(ip)
         if blocked_for:

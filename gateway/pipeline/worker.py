@@ -28,7 +28,7 @@ import asyncpg
 
 from gateway.config import Settings, positive_numbers
 from gateway.leases.maintenance import REFRESH_SECONDS, view_for
-from gateway.pipeline import metrics, queue
+from gateway.pipeline import metrics, queue, webhook_rows
 from gateway.pipeline.batching import BatchSizer
 from gateway.pipeline.handlers import (
     NO_CONNECTION,
@@ -313,6 +313,9 @@ class StageWorker:
             written = await feed.append_pending(conn, FEED_TOPIC, [
                 (self.stage, {"item_id": ctx.item_id, "stage": self.stage})
                 for ctx in contexts])
+            if self.stage == STAGES[0]:  # a stored webhook shows on webhook:<source> too
+                callbacks += await webhook_rows.append(
+                    conn, ((ctx.item_id, ctx.document) for ctx in contexts), self.sequencer)
         return written, callbacks
 
     async def _handle(self, contexts: list[StageContext], prepared_seconds: float) -> None:

@@ -59,13 +59,13 @@ async def append(conn: asyncpg.Connection, topic: str, kind: str,
     Publish the returned row with :func:`publish` only after that transaction commits.
     """
     check_topic(topic)
-    _check_row(kind, payload)
+    check_row(kind, payload)
     record = await conn.fetchrow(_APPEND, topic, kind, payload)
     assert record is not None
     return FeedRow(topic, record["offset"], record["epoch"], kind, payload, record["created_at"])
 
 
-def _check_row(kind: str, payload: Any) -> None:
+def check_row(kind: str, payload: Any) -> None:
     if not isinstance(kind, str) or not kind or len(kind) > KIND_MAX or not kind.isprintable():
         # The kind becomes an SSE "event:" line: no line breaks or control characters.
         raise FeedError(f"kind must be 1-{KIND_MAX} printable characters")
@@ -101,7 +101,7 @@ async def append_many(conn: asyncpg.Connection, topic: str,
     if not rows:
         return []
     for kind, payload in rows:
-        _check_row(kind, payload)
+        check_row(kind, payload)
     records = await conn.fetch(
         _APPEND_MANY, topic, len(rows), [kind for kind, _ in rows],
         [_compact(payload) for _, payload in rows])
@@ -126,7 +126,7 @@ async def append_pending(conn: asyncpg.Connection, topic: str,
     were written."""
     check_topic(topic)
     for kind, payload in rows:
-        _check_row(kind, payload)
+        check_row(kind, payload)
     if not rows:
         return 0
     await conn.execute(_APPEND_PENDING, topic, [kind for kind, _ in rows],

@@ -31,6 +31,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.push.web",
     "gateway.web.dashboard",
     "gateway.web.auth",
+    "gateway.web.events",
 )
 
 

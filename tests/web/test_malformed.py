@@ -228,6 +228,22 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      {"headers": {"Authorization": "Bearer eyJ.eyJ.x"}}),
     ("query-token-garbage", "GET", "/v1/stream?topics=pipeline&access_token=%ff%00",
      {"headers": {"Authorization": ""}}),
+    # --- publishing
+    ("publish-bad-json", "POST", "/v1/topics/t/events", {"data": b"{nope", "headers": JSON}),
+    ("publish-bad-utf8", "POST", "/v1/topics/t/events", {"data": BAD_UTF8, "headers": JSON}),
+    ("publish-nul", "POST", "/v1/topics/t/events", {"data": NUL_JSON, "headers": JSON}),
+    ("publish-array", "POST", "/v1/topics/t/events", {"json": [1]}),
+    ("publish-kind-number", "POST", "/v1/topics/t/events", {"json": {"kind": 5}}),
+    ("publish-data-string", "POST", "/v1/topics/t/events", {"json": {"data": "x"}}),
+    ("publish-event-id-long", "POST", "/v1/topics/t/events", {"json": {"event_id": LONG}}),
+    ("publish-topic-long", "POST", "/v1/topics/" + LONG[:300] + "/events", {"json": {}}),
+    ("publish-topic-bad-utf8", "POST", "/v1/topics/%ff%fe/events", {"json": {}}),
+    ("publish-topic-nul", "POST", "/v1/topics/a%00b/events", {"json": {}}),
+    ("publish-deep", "POST", "/v1/topics/t/events",
+     {"data": b'{"data":' + b'[' * 100 + b']' * 100 + b'}', "headers": JSON}),
+    ("publish-huge-int", "POST", "/v1/topics/t/events",
+     {"data": b'{"data":{"n":' + b'9' * 5000 + b'}}', "headers": JSON}),
+    ("publish-get", "GET", "/v1/topics/t/events", {}),
 ]
 
 

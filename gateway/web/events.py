@@ -1,0 +1,78 @@
+"""``POST /v1/topics/{topic}/events`` (scope ``events:write``): publish an event of one's own.
+
+The credential's topic patterns must cover the topic; the gateway's own topics (``pipeline``,
+``conversation:*``, ``webhook:*``, ``docs:*``) are refused to everyone. The body (at most
+64 KiB) is ``{"kind"?, "text"?, "data"?, "event_id"?}``; the answer is ``202 {"status":
+"accepted", "topic", "offset"}``, or ``200 {"status": "duplicate", ...}`` with the first
+one's offset for an ``event_id`` seen on the topic within ``GATEWAY_DEDUP_TTL``. Publishing
+is limited per credential (``[notifications] events_per_minute``, 600; the admin token is
+not), like job submission.
+"""
+
+from __future__ import annotations
+
+import math
+
+from aiohttp import web
+
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import principal_of
+from gateway.inbound.documents import parse_json
+from gateway.inbound.http_intake import install as install_inbound
+from gateway.inbound.http_intake import read_body, require_json
+from gateway.inbound.signing import MalformedError
+from gateway.notifications import publish
+from gateway.notifications.settings import NotificationSettings
+from gateway.push.protocol import FeedError
+from gateway.ratelimit import Limiter
+from gateway.stores.runtime import Runtime
+
+
+class Publisher:
+    def __init__(self, app: web.Application, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.per_minute = NotificationSettings.from_settings(runtime.settings).events_per_minute
+        self.limiter = Limiter(runtime.durable, install_inbound(app, runtime).auto)
+
+    async def post(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        principal = principal_of(request)
+        if publish.reserved(topic):
+            raise ApiError(403, "forbidden", f"{topic[:200]!r} is one of the gateway's own "
+                           f"topics ({', '.join(publish.RESERVED)}): not for publishing")
+        if not principal.may_read(topic):
+            raise ApiError(403, "forbidden", "the credential's topics do not cover "
+                           f"{topic[:200]!r}")
+        require_json(request)
+        body = await read_body(request)
+        if len(body) > publish.MAX_EVENT_BYTES:
+            raise ApiError(413, "payload_too_large", f"an event is at most "
+                           f"{publish.MAX_EVENT_BYTES} bytes (got {len(body)})")
+        try:
+            event = publish.parse_event(parse_json(body))
+        except (MalformedError, ValueError) as exc:  # FeedError; a number past 4,300 digits
+            raise ApiError(400, "bad_request", str(exc)) from None
+        if not principal.is_admin:
+            await self._admit(principal.owner)
+        try:
+            published = await publish.publish(self.runtime.pg, self.runtime.cache, topic,
+                                              event, self.runtime.settings.dedup_ttl)
+        except FeedError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+        return web.json_response(
+            {"status": "duplicate" if published.duplicate else "accepted", "topic": topic,
+             "offset": published.offset}, status=200 if published.duplicate else 202)
+
+    async def _admit(self, owner: str) -> None:
+        decision = await self.limiter.check(f"events:{owner}", rate=self.per_minute,
+                                            period=60, burst=self.per_minute)
+        if not decision.admitted:
+            raise ApiError(429, "rate_limited",
+                           f"more than {self.per_minute} events a minute for this credential",
+                           {"Retry-After": str(max(1, math.ceil(decision.wait)))})
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    publisher = Publisher(app, runtime)
+    routes.post(app, "/v1/topics/{topic}/events", publisher.post, scope="events:write")
