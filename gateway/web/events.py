@@ -11,8 +11,6 @@ not), like job submission.
 
 from __future__ import annotations
 
-import math
-
 from aiohttp import web
 
 from gateway.api import routes
@@ -26,14 +24,17 @@ from gateway.notifications import publish
 from gateway.notifications.settings import NotificationSettings
 from gateway.push.protocol import FeedError
 from gateway.ratelimit import Limiter
+from gateway.ratelimit.credential import CredentialRate
 from gateway.stores.runtime import Runtime
 
 
 class Publisher:
     def __init__(self, app: web.Application, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.per_minute = NotificationSettings.from_settings(runtime.settings).events_per_minute
-        self.limiter = Limiter(runtime.durable, install_inbound(app, runtime).auto)
+        self.rate = CredentialRate(
+            Limiter(runtime.durable, install_inbound(app, runtime).auto), "events",
+            NotificationSettings.from_settings(runtime.settings).events_per_minute, 60,
+            "events a minute for this credential")
 
     async def post(self, request: web.Request) -> web.Response:
         topic = request.match_info["topic"]
@@ -54,7 +55,7 @@ class Publisher:
         except (MalformedError, ValueError) as exc:  # FeedError; a number past 4,300 digits
             raise ApiError(400, "bad_request", str(exc)) from None
         if not principal.is_admin:
-            await self._admit(principal.owner)
+            await self.rate.admit(principal.owner)
         try:
             published = await publish.publish(self.runtime.pg, self.runtime.cache, topic,
                                               event, self.runtime.settings.dedup_ttl)
@@ -63,14 +64,6 @@ class Publisher:
         return web.json_response(
             {"status": "duplicate" if published.duplicate else "accepted", "topic": topic,
              "offset": published.offset}, status=200 if published.duplicate else 202)
-
-    async def _admit(self, owner: str) -> None:
-        decision = await self.limiter.check(f"events:{owner}", rate=self.per_minute,
-                                            period=60, burst=self.per_minute)
-        if not decision.admitted:
-            raise ApiError(429, "rate_limited",
-                           f"more than {self.per_minute} events a minute for this credential",
-                           {"Retry-After": str(max(1, math.ceil(decision.wait)))})
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
