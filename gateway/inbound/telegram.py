@@ -5,16 +5,18 @@ constant time (403 otherwise), then claims ``dedup:telegram-update:<bot_id>:<upd
 TTL claim, not a highest-id mark: ids turn random after a week of silence) and puts the
 message in the inbox in one step, and only then answers 200: an acknowledged update is
 durable. The inbox consumer of whichever replica is alive answers it. Polling mode (``gateway
-serve --telegram-polling``): PTB's Updater long-polls ``getUpdates`` and the same path
-follows (PTB confirms an update to Telegram with its next poll, after our handler ran).
-PTB does the Bot API work (parsing updates, sending); the token stays out of logs because
-httpx is held at WARNING and the log filter masks ``bot<id>:<token>``.
+serve --telegram-polling``): our own loop long-polls ``getUpdates`` (``telegram_polling.py``)
+and the same path follows; an update is confirmed to Telegram (the next poll's offset) only
+once it is in the inbox, so one refused (a full chat, a store out of reach, maintenance) is
+fetched again. PTB does the Bot API work (parsing updates, sending); the token stays out of
+logs because httpx is held at WARNING and the log filter masks ``bot<id>:<token>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -26,7 +28,7 @@ from aiohttp import web
 from telegram import Update
 from telegram.constants import ChatAction
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
-from telegram.ext import Application, ContextTypes, TypeHandler
+from telegram.ext import Application
 
 from gateway import keys
 from gateway.api import routes
@@ -35,6 +37,8 @@ from gateway.api.state import PUBLIC, add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
 from gateway.inbound.chat_guard import Guard
+from gateway.inbound.http_intake import refuse_during_maintenance
+from gateway.inbound.telegram_polling import Poller
 from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.entry import Entry
 from gateway.outbound.delivery import Send
@@ -55,16 +59,14 @@ ALLOWED_UPDATES = ["message"]
 TelegramApp = Application[Any, Any, Any, Any, Any, Any]
 
 
-def build_application(settings: Settings, *, polling: bool = False) -> TelegramApp:
-    """A PTB Application pointed at ``TELEGRAM_API_URL`` (PTB appends ``<token>/<method>``)."""
+def build_application(settings: Settings) -> TelegramApp:
+    """A PTB Application pointed at ``TELEGRAM_API_URL`` (PTB appends ``<token>/<method>``),
+    without PTB's Updater (polling is ours: ``telegram_polling.py``)."""
     if not settings.telegram_bot_token:
         raise ConfigError("TELEGRAM_BOT_TOKEN", "is required")
     root = settings.telegram_api_url.rstrip("/")
-    builder = (Application.builder().token(settings.telegram_bot_token.get())
-               .base_url(f"{root}/bot").base_file_url(f"{root}/file/bot"))
-    if not polling:
-        builder = builder.updater(None)
-    return builder.build()
+    return (Application.builder().token(settings.telegram_bot_token.get())
+            .base_url(f"{root}/bot").base_file_url(f"{root}/file/bot").updater(None).build())
 
 
 def to_incoming(update: Update) -> Incoming | None:
@@ -87,13 +89,17 @@ class TelegramBot:
         self.runtime = runtime
         self.settings = runtime.settings
         self.polling = polling
-        self.ptb = build_application(self.settings, polling=polling)
+        self.ptb = build_application(self.settings)
         self.inbox = PlatformInbox(runtime, "telegram", self._sender)
         self.guard = guard
         self.ready = asyncio.Event()
         section = self.settings.section("telegram")
-        self.poll_timeout = int(section.get("poll_timeout", 10))
         self.retry_init = float(section.get("init_retry_seconds", 5.0))
+        self.poller = Poller(self.ptb.bot, self._accept_polled,
+                             timeout=int(section.get("poll_timeout", 10)),
+                             retry_seconds=float(section.get("poll_retry_seconds", 1.0)),
+                             allowed_updates=ALLOWED_UPDATES)
+        self._polling: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,20 +114,19 @@ class TelegramBot:
                             type(exc).__name__, self.retry_init)
                 await asyncio.sleep(self.retry_init)
         if self.polling:
-            self.ptb.add_handler(TypeHandler(Update, self._on_polled_update))
-            assert self.ptb.updater is not None
-            await self.ptb.updater.start_polling(timeout=self.poll_timeout,
-                                                 allowed_updates=ALLOWED_UPDATES)
-            await self.ptb.start()
+            await self.poller.start()
+            self._polling = asyncio.create_task(self.poller.run())
         self.ready.set()
         log.info("telegram: bot %s ready (%s)", self.ptb.bot.id,
                  "long polling" if self.polling else "webhook")
 
     async def stop(self) -> None:
-        if self.ready.is_set() and self.polling:
-            assert self.ptb.updater is not None
-            await self.ptb.updater.stop()
-            await self.ptb.stop()
+        if self._polling is not None:
+            self._polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._polling
+            self._polling = None
+            await self.poller.confirm()
         if self.ready.is_set():
             await self.ptb.shutdown()
         self.ready.clear()
@@ -152,10 +157,11 @@ class TelegramBot:
         await self.accept(update)
         return web.json_response({"ok": True})
 
-    async def _on_polled_update(self, update: object,
-                                context: ContextTypes.DEFAULT_TYPE) -> None:
-        if isinstance(update, Update):
-            await self.accept(update)
+    async def _accept_polled(self, update: Update) -> None:
+        """As the webhook does after its checks: refused during maintenance (fetched again
+        later), else stored."""
+        await refuse_during_maintenance(self.guard.maintenance)
+        await self.accept(update)
 
     async def accept(self, update: Update) -> None:
         """Claim the update and put it in the inbox (one round trip); the platform gets its

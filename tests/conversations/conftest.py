@@ -43,9 +43,6 @@ async def chat(request: pytest.FixtureRequest, runtime: Runtime, settings: Setti
 
 @pytest.fixture
 def gates() -> Iterator[gated.Gates]:
-    """Fresh gates for ``tests.conversations.gated:handler``; opened at the end, so nothing
-    is left waiting at one."""
-    gated.GATES = gated.Gates()
-    yield gated.GATES
-    for event in gated.GATES.opened.values():
-        event.set()
+    """Fresh gates for ``tests.conversations.gated:handler``."""
+    with gated.fresh() as fresh:
+        yield fresh

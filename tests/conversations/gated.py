@@ -6,7 +6,9 @@ nothing reaches the platform before the reply is stored). Tests set ``GATES`` fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,18 @@ class Gates:
 
 
 GATES = Gates()
+
+
+@contextlib.contextmanager
+def fresh() -> Iterator[Gates]:
+    """New gates for the block; every gate opened at its end, so nothing is left waiting."""
+    global GATES
+    GATES = Gates()
+    try:
+        yield GATES
+    finally:
+        for event in GATES.opened.values():
+            event.set()
 
 
 async def handler(ctx: Context) -> str:
