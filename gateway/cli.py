@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     created.add_argument("--name", required=True)
     created.add_argument("--scopes", required=True, help="comma-separated scopes")
     created.add_argument("--topics", default="", help="comma-separated topic patterns")
+    created.add_argument("--subs", default="", help="comma-separated patterns of the accounts "
+                         "(subs) it may mint tokens for with tokens:issue (default: none)")
     actions.add_parser("list", help="one JSON object per key (never the key itself)")
     actions.add_parser("revoke", help="refused on every replica from the next request"
                        ).add_argument("id")

@@ -51,8 +51,8 @@ REGISTRY: tuple[Row, ...] = (
     Row("brute:", "per-IP failure barrier on bad signatures / bad secrets",
         "durable", "the window", "security"),
     Row("bl:", "revoked access-token ids (jti), per-account not-before marks, revoked API "
-        "keys, per-account chat-link removals", "durable", "the token's remaining lifetime",
-        "access"),
+        "keys, refresh families revoked for theft, per-account chat-link removals", "durable",
+        "the token's remaining lifetime", "access"),
     Row("grace:", "refresh-rotation grace: a just-spent refresh token -> its new pair",
         "durable", "10 s", "access"),
     Row("sync:", "a short-lived write per Redis Cluster primary that WAITAOF waits on "
@@ -133,6 +133,11 @@ def revoked_key(key_id: str) -> str:
 def revoked_before(sub: str) -> str:
     """Tokens of ``sub`` issued before the value (Unix seconds) are refused."""
     return _join("bl:", "sub", sub)
+
+
+def revoked_family(family: str) -> str:
+    """A refresh family revoked for theft: the access tokens it issued are refused too."""
+    return _join("bl:", "fam", family)
 
 
 def unlinked(sub: str) -> str:

@@ -24,8 +24,10 @@ from typing import Any
 import asyncpg
 
 from gateway import keys
+from gateway.access import issuers
 from gateway.access.bounded import Bounded, Fresh
 from gateway.access.principal import Principal, parse_scopes, parse_topics
+from gateway.access.tokens import longest_life
 from gateway.config import Settings
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.postgres import create_pool
@@ -45,14 +47,16 @@ def looks_like_key(credential: str) -> bool:
 
 
 async def create(db: asyncpg.Pool | asyncpg.Connection, name: str, scopes: frozenset[str],
-                 topics: tuple[str, ...]) -> dict[str, Any]:
+                 topics: tuple[str, ...], subs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``subs``: patterns (a name, or a prefix ending in ``*``) of the accounts the key may
+    mint tokens for, with ``tokens:issue``; none by default."""
     key_id = secrets.token_hex(6)
     key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    await db.execute("INSERT INTO api_keys (id, name, key_hash, scopes, topics)"
-                     " VALUES ($1, $2, $3, $4, $5)", key_id, name, _hash(key),
-                     sorted(scopes), list(topics))
+    await db.execute("INSERT INTO api_keys (id, name, key_hash, scopes, topics, subs)"
+                     " VALUES ($1, $2, $3, $4, $5, $6)", key_id, name, _hash(key),
+                     sorted(scopes), list(topics), list(subs))
     return {"id": key_id, "key": key, "name": name, "scopes": sorted(scopes),
-            "topics": list(topics)}
+            "topics": list(topics), "subs": list(subs)}
 
 
 ROW_SECONDS = 60.0
@@ -117,12 +121,12 @@ class ApiKeys:
         return bool(int(await self.auto.execute("EXISTS", keys.revoked_key(key_id))))
 
     async def _read(self, key_id: str) -> _Row | None:
-        found = await self.pool.fetchrow("SELECT key_hash, scopes, topics, revoked_at"
+        found = await self.pool.fetchrow("SELECT key_hash, scopes, topics, subs, revoked_at"
                                          " FROM api_keys WHERE id = $1", key_id)
         if found is None:
             return None
         principal = Principal("apikey", key_id, frozenset(found["scopes"]),
-                              tuple(found["topics"]))
+                              tuple(found["topics"]), subs=tuple(found["subs"]))
         row = _Row(bytes(found["key_hash"]), principal, found["revoked_at"] is not None,
                    time.monotonic(), dataclasses.replace(
                        principal, revocation_mark=keys.revoked_key(key_id)))
@@ -131,19 +135,24 @@ class ApiKeys:
 
 
 async def listing(db: asyncpg.Pool) -> list[dict[str, Any]]:
-    rows = await db.fetch("SELECT id, name, scopes, topics, created_at, revoked_at"
+    rows = await db.fetch("SELECT id, name, scopes, topics, subs, created_at, revoked_at"
                           " FROM api_keys ORDER BY created_at, id")
     return [{"id": r["id"], "name": r["name"], "scopes": list(r["scopes"]),
-             "topics": list(r["topics"]), "created_at": r["created_at"].isoformat(),
+             "topics": list(r["topics"]), "subs": list(r["subs"]),
+             "created_at": r["created_at"].isoformat(),
              "revoked_at": r["revoked_at"].isoformat() if r["revoked_at"] else None}
             for r in rows]
 
 
-async def revoke(db: asyncpg.Pool, durable: AnyRedis, key_id: str) -> bool:
-    """Mark the key revoked for every replica at once, then record it in PostgreSQL."""
-    await durable.set(keys.revoked_key(key_id), "1", ex=REVOKED_MARK_SECONDS)
+async def revoke(db: asyncpg.Pool, durable: AnyRedis, key_id: str,
+                 longest: int = REVOKED_MARK_SECONDS) -> bool:
+    """Mark the key revoked for every replica at once (for as long as a token it minted
+    can live, ``longest``, at least a day), then record it in PostgreSQL and end the refresh
+    families it minted."""
+    await durable.set(keys.revoked_key(key_id), "1", ex=max(REVOKED_MARK_SECONDS, longest))
     status = await db.execute("UPDATE api_keys SET revoked_at = now()"
                               " WHERE id = $1 AND revoked_at IS NULL", key_id)
+    await issuers.end_families_of(db, f"key:{key_id}")
     return status == "UPDATE 1"
 
 
@@ -160,11 +169,13 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             except ValueError as exc:
                 print(f"gateway apikey create: {exc}", file=sys.stderr)
                 return 2
-            print(json.dumps(await create(pool, args.name, scopes, parse_topics(args.topics))))
+            print(json.dumps(await create(pool, args.name, scopes, parse_topics(args.topics),
+                                          parse_topics(args.subs))))
         elif args.apikey_action == "list":
             for entry in await listing(pool):
                 print(json.dumps(entry))
-        elif durable is None or not await revoke(pool, durable, args.id):
+        elif durable is None or not await revoke(pool, durable, args.id,
+                                                 longest_life(settings) + 1):
             print(f"gateway apikey revoke: no active key {args.id!r}", file=sys.stderr)
             return 1
         else:

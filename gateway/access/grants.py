@@ -49,13 +49,13 @@ class LinkGrants:
 
     async def grant(self, principal: Principal, topics: list[str]) -> set[str]:
         """The ``conversation:<id>`` topics among ``topics`` of chats linked to the
-        principal's account."""
+        principal's account, where its issuer could read them itself."""
         sub = principal.account
         if sub is None:
             return set()
         ids = {int(t.split(":", 1)[1]): t for t in topics
                if t.startswith("conversation:") and t.split(":", 1)[1].isdigit()
-               and len(t) < _MAX_TOPIC}
+               and len(t) < _MAX_TOPIC and principal.reads_links_to(t)}
         if not ids:
             return set()
         # Read before PostgreSQL: a removal after this changes the mark, so the grant read

@@ -1,5 +1,11 @@
 """Who a request is: the admin (every scope, every topic), an API key or an access token with
-its scopes and topic patterns."""
+its scopes and topic patterns, and, for what an issuer minted, where it came from.
+
+A token minted through ``POST /v1/auth/token`` names the credentials it derives from
+(``issued_by``: ``key:<id>``, ``sub:<sub>``, ``jti:<jti>``, ``fam:<refresh family>``):
+revoking any of them ends it. ``link_topics`` bounds what its chat links grant: the topics
+its issuer could read itself (None: no bound, as for the admin's or the issuer's own
+account)."""
 
 from __future__ import annotations
 
@@ -12,11 +18,21 @@ SCOPES = ("jobs:write", "jobs:read", "jobs:critical", "search:read", "feed:read"
           "metrics:read", "admin", "tokens:issue", "events:write", "subscriptions:write")
 
 
+MAX_ISSUERS = 12  # how many credentials a token may derive from: minting stops that deep
+
+
 def topic_matches(pattern: str, topic: str) -> bool:
     """A pattern is a topic name, or a prefix ending in ``*``."""
     if pattern.endswith("*"):
         return topic.startswith(pattern[:-1])
     return pattern == topic
+
+
+def covers(pattern: str, requested: str) -> bool:
+    """Does ``pattern`` allow every topic ``requested`` (itself maybe a pattern) names?"""
+    if pattern.endswith("*"):
+        return requested.removesuffix("*").startswith(pattern[:-1])
+    return pattern == requested
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,9 @@ class Principal:
     expires_at: float | None = None
     issued_at: float | None = None
     revocation_mark: str | None = None  # left for the route's own write to check
+    subs: tuple[str, ...] = ()  # an API key's: the accounts it may mint tokens for
+    issued_by: tuple[str, ...] = ()  # the credentials a minted token derives from
+    link_topics: tuple[str, ...] | None = None  # where its chat links grant: None, anywhere
 
     @property
     def is_admin(self) -> bool:
@@ -52,6 +71,36 @@ class Principal:
 
     def allows(self, scope: str) -> bool:
         return self.is_admin or scope in self.scopes
+
+    def reads_links_to(self, topic: str) -> bool:
+        """May a chat linked to this principal's account grant ``topic`` (maybe a pattern)?
+        Only where its issuer could read it itself."""
+        return self.link_topics is None or any(covers(p, topic) for p in self.link_topics)
+
+    def may_mint_for(self, sub: str) -> bool:
+        """The admin for anyone, an API key for the subs its patterns match, an access token
+        for its own account."""
+        if self.is_admin:
+            return True
+        if self.kind == "apikey":
+            return any(topic_matches(p, sub) for p in self.subs)
+        return self.kind == "token" and sub == self.id
+
+    def minted_from(self) -> tuple[str, ...]:
+        """What a token minted by this principal derives from: revoking any of it ends
+        that token (the admin can't be revoked: nothing)."""
+        if self.is_admin:
+            return ()
+        if self.kind == "apikey":
+            return (f"key:{self.id}",)
+        return (*self.issued_by, f"sub:{self.id}", *((f"jti:{self.jti}",) if self.jti else ()))
+
+    def minted_link_topics(self) -> tuple[str, ...] | None:
+        """Where the chat links of a token minted by this principal grant: what the issuer
+        reads itself (a key: its topic patterns; a token: its own bound, same account)."""
+        if self.is_admin:
+            return None
+        return self.topics if self.kind == "apikey" else self.link_topics
 
     def may_read(self, topic: str) -> bool:
         return self.is_admin or any(topic_matches(p, topic) for p in self.topics)

@@ -15,7 +15,13 @@ from typing import Any
 import jwt
 
 from gateway.access.bounded import Bounded
-from gateway.access.principal import Principal, known_scopes, parse_scopes, parse_topics
+from gateway.access.principal import (
+    MAX_ISSUERS,
+    Principal,
+    known_scopes,
+    parse_scopes,
+    parse_topics,
+)
 from gateway.config import Settings
 
 ASYMMETRIC = ["RS256", "ES256", "EdDSA"]
@@ -114,24 +120,40 @@ def principal_from_claims(claims: dict[str, Any]) -> Principal:
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise InvalidToken("topics must be a list of strings")
     issued = claims.get("iat")
+    links = claims.get("links")
     return Principal("token", str(claims["sub"]), scopes, tuple(topics),
                      jti=str(claims["jti"]) if claims.get("jti") else None,
                      expires_at=float(claims["exp"]),
-                     issued_at=float(issued) if isinstance(issued, int | float) else None)
+                     issued_at=float(issued) if isinstance(issued, int | float) else None,
+                     issued_by=_strings(claims.get("by") or [], "by", MAX_ISSUERS),
+                     link_topics=None if links is None else _strings(links, "links", 1000))
+
+
+def _strings(value: Any, name: str, most: int) -> tuple[str, ...]:
+    if (not isinstance(value, list) or len(value) > most
+            or not all(isinstance(v, str) for v in value)):
+        raise InvalidToken(f"{name} must be a list of at most {most} strings")
+    return tuple(value)
 
 
 def mint(secret: str, sub: str, scopes: frozenset[str], topics: tuple[str, ...] = (),
          ttl: int = DEFAULT_TTL, *, issuer: str | None = None,
-         audience: str | None = None) -> str:
+         audience: str | None = None, issued_by: tuple[str, ...] = (),
+         link_topics: tuple[str, ...] | None = None) -> str:
     """An HS256 access token (``gateway token``, ``gateway dev``, ``/v1/auth/...``).
 
     ``iat`` has sub-second precision (a NumericDate may be fractional) and is compared
     exactly with an account's not-before mark (``bl:sub:``), so a token minted in the same
-    second as, but after, a "log out everywhere" is valid."""
+    second as, but after, a "log out everywhere" is valid. ``issued_by`` (claim ``by``) and
+    ``link_topics`` (claim ``links``): see ``gateway.access.principal``."""
     now = time.time()
     claims: dict[str, Any] = {"sub": sub, "iat": now, "exp": int(now) + ttl,
                               "jti": secrets.token_hex(12), "scope": " ".join(sorted(scopes)),
                               "topics": list(topics)}
+    if issued_by:
+        claims["by"] = list(issued_by)
+    if link_topics is not None:
+        claims["links"] = list(link_topics)
     if issuer:
         claims["iss"] = issuer
     if audience:

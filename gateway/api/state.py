@@ -44,6 +44,9 @@ class Principal(Protocol):
 
     def allows(self, scope: str) -> bool: ...
     def may_read(self, topic: str) -> bool: ...
+    def reads_links_to(self, topic: str) -> bool:
+        """May a chat linked to its account grant ``topic`` (only where its issuer could
+        read it itself)?"""
 
 
 # Authenticates a request for a route's scope: the principal, or an ApiError (401/403/429).

@@ -23,11 +23,13 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.access import issuers
 from gateway.access.authenticate import AUTHENTICATOR
 from gateway.access.grants import LinkGrants
+from gateway.access.principal import Principal as AccessPrincipal
 from gateway.access.principal import parse_scopes
 from gateway.access.refresh import PREFIX as REFRESH_PREFIX
-from gateway.access.refresh import Grant, Issuer, Refused, narrower
+from gateway.access.refresh import Grant, Issuer, Refused
 from gateway.access.tokens import DEFAULT_TTL, InvalidToken, longest_life, max_token_seconds
 from gateway.api import routes
 from gateway.api.errors import ApiError
@@ -100,10 +102,20 @@ class AuthRoutes:
         ttl = body.get("ttl", DEFAULT_TTL)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= self.max_ttl:
             raise ApiError(400, "bad_request", f"ttl must be 1-{self.max_ttl} seconds")
-        wider = narrower(principal, scopes, tuple(topics))  # type: ignore[arg-type]
-        if wider:
-            raise ApiError(403, "forbidden", f"wider than the issuing credential: {wider}")
-        pair = await issuer.login(Grant(sub, scopes, tuple(topics), ttl))
+        assert isinstance(principal, AccessPrincipal)  # the access room authenticated it
+        refused = issuers.refusal(principal, sub, scopes, tuple(topics))
+        if refused:
+            raise ApiError(403, "forbidden", refused)
+        grant = Grant(sub, scopes, tuple(topics), ttl, principal.minted_from(),
+                      principal.minted_link_topics())
+
+        async def issuer_valid() -> bool:
+            return not await self.revocations.revoked_now(principal)
+
+        try:
+            pair = await issuer.login(grant, issuer_valid)
+        except Refused as exc:
+            raise ApiError(401, "unauthorized", str(exc), CHALLENGE) from None
         return web.json_response(pair)
 
     async def refresh(self, request: web.Request) -> web.Response:
@@ -115,6 +127,8 @@ class AuthRoutes:
         try:
             return web.json_response(await issuer.refresh(presented))
         except Refused as exc:
+            if exc.stolen:  # theft: the family's access tokens end with it
+                await self.revocations.revoke("fam", exc.stolen, self.longest)
             blocked_for = await self.barrier.record_failure(ip)
             if blocked_for:
                 raise self.barrier.refusal(blocked_for) from None
@@ -131,9 +145,16 @@ class AuthRoutes:
             except InvalidToken:
                 principal = None
             if principal is not None and principal.jti:
-                await self.revocations.revoke_jti(principal.jti, principal.expires_at,
-                                                  self.longest)
+                await self._revoke_jti(principal.jti, None if principal.allows(
+                    "tokens:issue") else principal.expires_at)
         return web.json_response({})  # the same answer whatever the token was
+
+    async def _revoke_jti(self, jti: str, expires_at: float | None) -> None:
+        """The token (its mark kept until it expires; when that is unknown, or when it
+        may have minted tokens that live longer, as long as any accepted token can), then
+        the refresh families it minted."""
+        await self.revocations.revoke_jti(jti, expires_at, self.longest)
+        await issuers.end_families_of(self.runtime.pg, f"jti:{jti}")
 
     async def admin_revoke(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -141,20 +162,32 @@ class AuthRoutes:
         if (jti is None) == (sub is None):
             raise ApiError(400, "bad_request", "give exactly one of jti and sub")
         if jti is not None:
-            await self.revocations.revoke_jti(jti, None, self.longest)
+            await self._revoke_jti(jti, None)
             return web.json_response({"revoked": {"jti": jti}})
         assert sub is not None
-        if self.issuer is not None:  # first: a refresh under way then mints before the mark
+        # The mark first: a login by one of the account's issuing tokens, under way now,
+        # either sees it (refused) or holds its issuer lock, which the families' end waits
+        # for. Then the families; then the mark again, later than every access token a
+        # refresh under way minted.
+        await self.revocations.revoke_sub(sub, self.longest)
+        if self.issuer is not None:
             await self.issuer.revoke_sub(sub)
         await self.revocations.revoke_sub(sub, self.longest)
         return web.json_response({"revoked": {"sub": sub}})
 
 
 def _account(request: web.Request) -> str:
-    account = principal_of(request).account
+    """The account whose chat links the caller manages: a token's, if its issuer could
+    read every conversation itself (a token an API key minted without ``conversation:*``
+    manages none)."""
+    principal = principal_of(request)
+    account = principal.account
     if account is None:
         raise ApiError(403, "forbidden", "chat links belong to an account: use an access "
                        "token with a sub")
+    if not principal.reads_links_to("conversation:*"):
+        raise ApiError(403, "forbidden", "this token's issuer could not read the account's "
+                       "conversations: it cannot manage its chat links")
     return account
 
 

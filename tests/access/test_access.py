@@ -83,7 +83,8 @@ async def test_api_key_lifecycle_and_revocation_on_another_replica(
                                      "--scopes", "jobs:write,jobs:read")
     assert code == 0
     created = json.loads(out)
-    assert set(created) == {"id", "key", "name", "scopes", "topics"}
+    assert set(created) == {"id", "key", "name", "scopes", "topics", "subs"}
+    assert created["subs"] == []  # may mint tokens for nobody unless --subs says so
     key = created["key"]
     stored = await runtime.pg.fetchrow("SELECT * FROM api_keys WHERE id = $1", created["id"])
     assert stored is not None and key.encode() not in bytes(stored["key_hash"])

@@ -93,10 +93,15 @@ async def test_refresh_rotates_grace_then_reuse_revokes_the_family(
     assert 0 < await runtime.durable.ttl(grace) <= 10
     assert await registry_violations(runtime.durable, "durable") == []
     await runtime.durable.delete(grace)  # as 10 s later
+    assert await feed_status(client, second["access_token"]) == 200  # read and cached
     status, refused = await refresh(client, first["refresh_token"])
     assert status == 401 and "family" in refused["detail"]
     status, _ = await refresh(client, second["refresh_token"])
     assert status == 401  # the thief's copy and the owner's are both dead now
+    # So are the access tokens the family issued, from the next request (bl:fam:).
+    assert await feed_status(client, second["access_token"]) == 401
+    assert await feed_status(client, first["access_token"]) == 401
+    assert await registry_violations(runtime.durable, "durable") == []
 
 
 async def test_two_concurrent_refreshes_both_succeed(client: TestClient[Any, Any]) -> None:
