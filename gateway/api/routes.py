@@ -7,6 +7,10 @@ which measured ~8 % of the CPU of a signed webhook (bench/ingest.py: 74-77 µs p
 without, 83-84 with). Wrapping at registration costs one call, and the route's metric label
 is fixed in advance. Unmatched paths and methods reach ``fallback``, the last route, which
 answers the JSON 404 or 405 (with ``Allow``) aiohttp would otherwise answer as text.
+
+Every route is also recorded in ``ROUTE_TABLE`` with its scope and its description
+(``doc``, a ``gateway.api.spec.Operation``), from which ``gateway.api.openapi`` builds the
+OpenAPI document; a route registered without one is named by ``tests/api/test_openapi.py``.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from aiohttp import web
 from gateway.api import parser_log
 from gateway.api.connection_settings import ConnectionSettings
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
+from gateway.api.spec import Answer, Operation, Param, Route, one_of
 from gateway.api.state import AUTHENTICATE, OVER_CAP, PRINCIPAL, PUBLIC, RUNTIME
 from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
 log = logging.getLogger("gateway.web")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 UNMATCHED = "unmatched"
+# Every route added through this module, in order: the OpenAPI document's source.
+ROUTE_TABLE: web.AppKey[list[Route]] = web.AppKey("route_table", list)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -105,44 +112,63 @@ def _limits(app: web.Application) -> tuple[int, float]:
     return settings.max_body_bytes, ConnectionSettings.from_settings(settings).body_seconds
 
 
+def _record(app: web.Application, method: str, path: str, scope: str, query_token: bool,
+            doc: Operation | None) -> None:
+    if ROUTE_TABLE not in app:
+        app[ROUTE_TABLE] = []
+    app[ROUTE_TABLE].append(Route(method, path, scope, query_token, doc))
+
+
 def add(app: web.Application, method: str, path: str, handler: Handler, *, scope: str,
-        query_token: bool = False, checks_revocation: bool = False) -> None:
+        query_token: bool = False, checks_revocation: bool = False,
+        doc: Operation | None = None) -> None:
     """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are
     added). Every route names the scope a credential needs (``PUBLIC``: none), so a new
     route cannot be added open by forgetting; ``query_token`` also accepts the credential as
-    ``?access_token=`` (only where a browser cannot set headers: EventSource)."""
+    ``?access_token=`` (only where a browser cannot set headers: EventSource). ``doc``
+    describes the route for the OpenAPI document."""
     max_bytes, body_seconds = _limits(app)
     app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token,
                                                checks_revocation, body_seconds))
+    _record(app, method, path, scope, query_token, doc)
 
 
 def get(app: web.Application, path: str, handler: Handler, *, scope: str,
-        query_token: bool = False) -> None:
+        query_token: bool = False, doc: Operation | None = None) -> None:
     """GET (and HEAD, as aiohttp's ``add_get`` does)."""
     max_bytes, body_seconds = _limits(app)
     app.router.add_get(path, guarded(handler, path, max_bytes, scope, query_token,
                                      body_seconds=body_seconds))
+    _record(app, "GET", path, scope, query_token, doc)
 
 
 def post(app: web.Application, path: str, handler: Handler, *, scope: str,
-         checks_revocation: bool = False) -> None:
+         checks_revocation: bool = False, doc: Operation | None = None) -> None:
     """POST; ``checks_revocation``: the handler's write refuses a revoked credential itself
     (``Principal.revocation_mark``), which saves the request a round trip."""
-    add(app, "POST", path, handler, scope=scope, checks_revocation=checks_revocation)
+    add(app, "POST", path, handler, scope=scope, checks_revocation=checks_revocation, doc=doc)
 
 
-def static(app: web.Application, prefix: str, directory: Path) -> None:
-    """Files of ``directory`` (no subdirectories) under ``prefix``, guarded like any route."""
+def static(app: web.Application, prefix: str, directory: Path, *,
+           names: frozenset[str] | None = None, tag: str = "") -> None:
+    """Files of ``directory`` (no subdirectories; only ``names`` when given) under
+    ``prefix``, guarded like any route."""
     root = directory.resolve()
-    names = {path.name for path in root.iterdir() if path.is_file()}
+    found = {path.name for path in root.iterdir() if path.is_file()}
+    served = found if names is None else found & names
 
     async def static_file(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
-        if name not in names:  # a fixed set: no path from the request reaches the disk
+        if name not in served:  # a fixed set: no path from the request reaches the disk
             raise web.HTTPNotFound()
         return web.FileResponse(root / name)
 
-    get(app, prefix.rstrip("/") + "/{name}", static_file, scope=PUBLIC)
+    doc = Operation(
+        "A static file", {200: Answer("the file", {"type": "string"}, media="*/*")},
+        errors={404: "no such file"}, stores=False, tag=tag,
+        params=(Param("name", one_of(*sorted(served)), "the file's name", where="path",
+                      required=True),))
+    get(app, prefix.rstrip("/") + "/{name}", static_file, scope=PUBLIC, doc=doc)
 
 
 def fallback(app: web.Application) -> None:

@@ -12,6 +12,7 @@ from json.encoder import encode_basestring_ascii as _quote  # C, no encoder set-
 from aiohttp import web
 
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, obj, one_of, string
 from gateway.api.state import add_readiness_check
 from gateway.config import Settings
 from gateway.dedup.intake import Intake, Intaker
@@ -23,6 +24,12 @@ from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime, durable_pipeline
 
 READ_CHUNK = 64 * 1024
+# The two answers of an intake, as the routes' descriptions give them.
+ACCEPTED = Answer("taken in: queued in the pipeline", obj(
+    {"status": one_of("accepted"), "item_id": string()}))
+DUPLICATE = Answer("seen before: nothing is queued again", obj(
+    {"status": one_of("duplicate"), "item_id": string("the first delivery's item")}))
+MAINTENANCE = "maintenance mode is on, or redis-durable is too full to take this in"
 _ANSWERS = {Intake.ACCEPTED: (202, b'{"status": "accepted", "item_id": '),
             Intake.DUPLICATE: (200, b'{"status": "duplicate", "item_id": ')}
 

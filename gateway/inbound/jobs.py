@@ -23,11 +23,15 @@ from aiohttp import web
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, mapping, obj, one_of, string
 from gateway.api.state import REFUSE, RUNTIME, Principal, principal_of
 from gateway.dedup.intake import Intake
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import (
+    ACCEPTED,
+    DUPLICATE,
     INBOUND,
+    MAINTENANCE,
     install,
     intake_answer,
     read_body,
@@ -141,9 +145,42 @@ def job_rate(runtime: Runtime, auto: AutoPipeline) -> CredentialRate:
 JOB_RATE: web.AppKey[CredentialRate] = web.AppKey("job_rate", CredentialRate)
 
 
+JOB = obj(
+    {"document": obj({"text": string("the document's text", minLength=1)},
+                     {"title": string(), "url": string()}, more=True)},
+    {"job_id": string("makes the POST idempotent: again, it answers 200 duplicate",
+                      minLength=1, maxLength=MAX_ID_LENGTH, pattern="^[!-~]+$",
+                      **{"not": {"pattern": f"^{RESERVED_PREFIX}"}}),
+     "priority": one_of(*PRIORITY_BASE, default="normal",
+                        description="critical needs the scope jobs:critical"),
+     "type": one_of(*TYPE_BONUS, default="other")}, more=True)
+SUBMIT = Operation(
+    "Queue a document in the pipeline",
+    {202: ACCEPTED, 200: DUPLICATE},
+    errors={400: "the body is not a valid job (malformed)",
+            401: "the API key was revoked",
+            403: "priority critical without the scope jobs:critical",
+            415: "the body is not declared application/json",
+            429: "over [access] jobs_per_minute for this credential (rate_limited), or this "
+                 "credential holds its quota of queued items (quota_exceeded)",
+            503: MAINTENANCE},
+    body=JOB, tag="jobs")
+STATUS = Operation(
+    "A job's state and its stages'",
+    {200: Answer("the job", obj({
+        "item_id": string(), "state": one_of("queued", "running", "done", "dead"),
+        "stages": mapping(one_of("pending", "queued", "running", "retrying", "done", "dead"),
+                          "by stage")}))},
+    errors={404: "no such job of this credential"},
+    params=(Param("id", string(minLength=1), "the job_id, or the item_id a POST answered",
+                  where="path", required=True),),
+    tag="jobs")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     inbound = install(app, runtime)
     app[JOB_RATE] = job_rate(runtime, inbound.auto)
     # The API key's revocation mark is read by the enqueue script itself (no round trip).
-    routes.post(app, "/v1/jobs", submit_job, scope="jobs:write", checks_revocation=True)
-    routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read")
+    routes.post(app, "/v1/jobs", submit_job, scope="jobs:write", checks_revocation=True,
+                doc=SUBMIT)
+    routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read", doc=STATUS)

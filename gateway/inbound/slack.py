@@ -37,6 +37,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError, store_error
+from gateway.api.spec import Answer, Operation, Param, obj, string
 from gateway.api.state import PUBLIC
 from gateway.conversations.model import Incoming
 from gateway.inbound import signing
@@ -304,6 +305,29 @@ async def _mapped(call: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
 SLACK_BOT: web.AppKey[SlackBot] = web.AppKey("slack_bot", SlackBot)
 
 
+SLACK_SIGNED = ("X-Slack-Signature", "X-Slack-Request-Timestamp")
+SLACK_ERRORS = {
+    400: "a signed body this gateway cannot read",
+    401: "bad Slack signature or stale timestamp (counted by the address's barrier)",
+    404: "nothing handles this signed request",
+    429: "this address sent too many bad signatures: blocked for a cool-down",
+    503: "maintenance, or the chat has too many messages waiting (Slack retries)"}
+
+
+def _slack(summary: str, media: str) -> Operation:
+    return Operation(
+        summary, {200: Answer("taken in (Slack's answer, e.g. a url_verification challenge)",
+                              string(), media="*/*")},
+        errors=SLACK_ERRORS, body=obj(more=True), body_media=media,
+        params=tuple(Param(name, string(), "Slack's request signature", where="header")
+                     for name in SLACK_SIGNED),
+        signed=SLACK_SIGNED, tag="platforms")
+
+
+EVENTS = _slack("A Slack Events API delivery", "application/json")
+COMMANDS = _slack("A Slack slash command", "application/x-www-form-urlencoded")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     """Mount /slack/events and /slack/commands (only with SLACK_BOT_TOKEN and
     SLACK_SIGNING_SECRET)."""
@@ -312,6 +336,6 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
-    routes.post(app, "/slack/events", bot.dispatch, scope=PUBLIC)  # signed
-    routes.post(app, "/slack/commands", bot.dispatch, scope=PUBLIC)
+    routes.post(app, "/slack/events", bot.dispatch, scope=PUBLIC, doc=EVENTS)  # signed
+    routes.post(app, "/slack/commands", bot.dispatch, scope=PUBLIC, doc=COMMANDS)
     bot.inbox.run_with(app)

@@ -33,6 +33,7 @@ from telegram.ext import Application
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
+from gateway.api.spec import Answer, Operation, Param, boolean, integer, obj, string
 from gateway.api.state import PUBLIC, add_readiness_check
 from gateway.config import ConfigError, Settings
 from gateway.conversations.model import Incoming
@@ -224,6 +225,19 @@ async def _mapped(call: Awaitable[T]) -> T:
 TELEGRAM_BOT: web.AppKey[TelegramBot] = web.AppKey("telegram_bot", TelegramBot)
 
 
+WEBHOOK = Operation(
+    "A Telegram update (the Bot API's webhook), taken into the chat's inbox",
+    {200: Answer("taken in, or seen before", obj({"ok": boolean()}))},
+    errors={400: "not a Telegram update",
+            403: f"missing or wrong {SECRET_HEADER} (counted by the address's barrier)",
+            429: "this address sent too many wrong secrets: blocked for a cool-down",
+            503: "maintenance, the bot is starting, or the chat has too many messages "
+                 "waiting (Telegram retries)"},
+    body=obj({"update_id": integer()}, more=True),
+    params=(Param(SECRET_HEADER, string(), "TELEGRAM_WEBHOOK_SECRET", where="header"),),
+    signed=(SECRET_HEADER,), tag="platforms")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     """Mount the webhook and run the bot while the app runs (only with TELEGRAM_BOT_TOKEN)."""
     if not runtime.settings.telegram_bot_token:
@@ -232,7 +246,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
     bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
-    routes.post(app, "/telegram/webhook", bot.webhook, scope=PUBLIC)  # secret header
+    routes.post(app, "/telegram/webhook", bot.webhook, scope=PUBLIC,  # secret header
+                doc=WEBHOOK)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         starting = asyncio.create_task(bot.start())

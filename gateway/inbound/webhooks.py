@@ -28,13 +28,17 @@ from aiohttp import web
 from gateway import keys
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import ANY_JSON, Operation, Param, string
 from gateway.api.state import PUBLIC
 from gateway.config import Settings
 from gateway.dedup.intake import Intake
 from gateway.inbound import signing
 from gateway.inbound.documents import parse_json_text, webhook_payload
 from gateway.inbound.http_intake import (
+    ACCEPTED,
+    DUPLICATE,
     INBOUND,
+    MAINTENANCE,
     Inbound,
     admitted_or_known,
     install,
@@ -112,10 +116,34 @@ async def receive(request: web.Request) -> web.Response:
     return intake_answer(outcome, item_id)
 
 
+SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature", "Stripe-Signature",
+                     "X-Hub-Signature-256", "X-GitHub-Delivery")
+RECEIVE = Operation(
+    "A signed webhook from a configured source, queued in the pipeline",
+    {202: ACCEPTED, 200: DUPLICATE},
+    errors={400: "the body or its delivery id is unusable (malformed), or a GitHub delivery "
+                 "is stale or carries no timestamp (stale_delivery, no_timestamp)",
+            401: "the signature is missing or wrong (bad_signature), or its timestamp is "
+                 "out of tolerance (stale_signature)",
+            404: "no source of that name is configured (unknown_source)",
+            415: "the body is not declared application/json",
+            429: "this address sent too many bad signatures (blocked for a cool-down), or "
+                 "the source holds its quota of queued items (quota_exceeded)",
+            503: MAINTENANCE},
+    body=ANY_JSON,
+    params=(Param("source", string(), "a source of GATEWAY_WEBHOOK_SECRETS", where="path",
+                  required=True),
+            *(Param(name, string(), "signature header (by the source's scheme)",
+                    where="header") for name in SIGNATURE_HEADERS)),
+    signed=("Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature; Stripe: "
+            "Stripe-Signature; GitHub: X-Hub-Signature-256 and X-GitHub-Delivery",),
+    tag="webhooks")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     inbound = install(app, runtime)
     app[REPLAY] = ReplayGuard(inbound.auto, runtime.settings)
-    routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC)  # signed
+    routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC, doc=RECEIVE)  # signed
 
 
 # --- gateway sign ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, array, integer, obj, string
 from gateway.api.state import (
     CLIENT_ADDRESS,
     STILL_VALID,
@@ -23,7 +24,7 @@ from gateway.api.state import (
 )
 from gateway.push import feed, sse
 from gateway.push.hub import Hub, Subscriber
-from gateway.push.protocol import FeedError
+from gateway.push.protocol import MAX_CURSOR_CHARS, MAX_OFFSET, TOPIC_RE, FeedError
 from gateway.push.retention import run_retention
 from gateway.push.sequencer import Sequencer
 from gateway.push.settings import PushSettings
@@ -156,6 +157,41 @@ def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web
     return get_feed
 
 
+TOPIC = string("a topic, e.g. pipeline or conversation:<id>", pattern=TOPIC_RE.pattern)
+OFFSET = integer(minimum=0, maximum=MAX_OFFSET)
+ROW = obj({"topic": string(), "offset": OFFSET, "epoch": integer(), "kind": string(),
+           "payload": obj(more=True), "created_at": string(format="date-time")})
+FEED = Operation(
+    "A page of a topic's feed rows after an offset, oldest first",
+    {200: Answer("the page", obj({
+        "topic": string(), "epoch": integer(), "rows": array(ROW), "last_offset": OFFSET,
+        "trimmed_through": integer("rows up to here were removed by retention",
+                                   minimum=0)}))},
+    errors={400: "topic is missing or not a topic, or after or limit is out of range",
+            403: "the credential may not read this topic"},
+    params=(Param("topic", TOPIC, "the topic", required=True),
+            Param("after", integer(minimum=0, default=0), "rows after this offset"),
+            Param("limit", integer(minimum=1, maximum=feed.MAX_READ_LIMIT,
+                                   default=DEFAULT_LIMIT), "how many rows at most")),
+    tag="feed")
+CURSOR = string("<topic>:<offset>,... as the last event's id",
+                maxLength=MAX_CURSOR_CHARS)
+STREAM = Operation(
+    "Server-sent events of topics' new rows, resuming after a cursor",
+    {200: Answer("an event stream: one event per row (named by its kind, the row as data, "
+                 "the cursor as id), comments as heartbeats, gateway.disconnect before the "
+                 "server ends it", string(), media="text/event-stream")},
+    errors={400: "topics is missing or names a bad topic or too many, or the cursor is bad",
+            403: "the credential may not read a topic named",
+            429: "this client address holds [push] max_streams_per_client streams",
+            503: "this process holds its most streams"},
+    params=(Param("topics", string("comma-separated topics", minLength=1), "the topics",
+                  required=True),
+            Param("since", CURSOR, "resume after these offsets (as Last-Event-ID)"),
+            Param("Last-Event-ID", CURSOR, "resume after this event", where="header")),
+    tag="feed")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     config = PushSettings.from_settings(runtime.settings)
     hub = Hub(runtime.pg, runtime.cache, config)
@@ -193,5 +229,5 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(background)
     app.on_shutdown.append(on_shutdown)
     add_readiness_check(app, "push-signals", signals, required=False)
-    routes.get(app, "/v1/feed", make_feed_handler(runtime), scope="feed:read")
-    routes.get(app, "/v1/stream", stream, scope="feed:read", query_token=True)
+    routes.get(app, "/v1/feed", make_feed_handler(runtime), scope="feed:read", doc=FEED)
+    routes.get(app, "/v1/stream", stream, scope="feed:read", query_token=True, doc=STREAM)

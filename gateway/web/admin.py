@@ -11,12 +11,13 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, array, integer, mapping, obj, one_of, string
 from gateway.api.state import RUNTIME
 from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges
 from gateway.stores.runtime import Runtime
-from gateway.web.usage import usage
+from gateway.web.usage import USAGE, usage
 
 
 def _stage(request: web.Request) -> str:
@@ -91,10 +92,39 @@ async def _depth_gauges(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
+COUNT = integer(minimum=0)
+QUEUES = Operation(
+    "Queue depths of every pipeline stage",
+    {200: Answer("depths", obj({"stages": mapping(obj(
+        {"ready": COUNT, "inflight": COUNT, "delayed": COUNT, "dead": COUNT}), "by stage")}))},
+    tag="admin")
+STAGE = Param("stage", one_of(*STAGES), "a pipeline stage", where="path", required=True)
+DEAD_LETTER = obj({"item_id": string(), "stage": string(), "reason": string(),
+                   "at": string("when it died, ms since the Unix epoch"),
+                   "failures": COUNT, "reclaims": COUNT}, more=True)
+DEAD_LETTERS = Operation(
+    "A stage's dead letters, oldest first",
+    {200: Answer("the dead letters", obj({"stage": string(), "items": array(DEAD_LETTER)}))},
+    errors={400: "limit is not a whole number 1-1000", 404: "no such stage"},
+    params=(STAGE, Param("limit", integer(minimum=1, maximum=deadletter.MAX_BATCH, default=100),
+                         "how many")),
+    tag="admin")
+REQUEUE = Operation(
+    "Put a stage's dead letters back into it, oldest first",
+    {200: Answer("the item ids requeued", obj({"stage": string(),
+                                               "requeued": array(string())}))},
+    errors={400: "the body is not a JSON object, or count is not a whole number 1-1000",
+            404: "no such stage"},
+    body=obj(optional={"count": integer(minimum=1, maximum=deadletter.MAX_BATCH,
+                                        default=deadletter.MAX_BATCH)}),
+    body_required=False, params=(STAGE,), tag="admin")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(_depth_gauges)
-    routes.get(app, "/v1/admin/queues", queues, scope="admin")
-    routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters, scope="admin")
-    routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue,
-                scope="admin")
-    routes.get(app, "/v1/admin/usage", usage, scope="admin")
+    routes.get(app, "/v1/admin/queues", queues, scope="admin", doc=QUEUES)
+    routes.get(app, "/v1/admin/deadletter/{stage}", dead_letters, scope="admin",
+               doc=DEAD_LETTERS)
+    routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue, scope="admin",
+                doc=REQUEUE)
+    routes.get(app, "/v1/admin/usage", usage, scope="admin", doc=USAGE)

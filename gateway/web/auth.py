@@ -33,6 +33,7 @@ from gateway.access.refresh import Grant, Issuer, Refused
 from gateway.access.tokens import DEFAULT_TTL, InvalidToken, longest_life, max_token_seconds
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, array, integer, obj, one_of, string
 from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
 from gateway.conversations import links
 from gateway.inbound.http_intake import install as install_inbound
@@ -176,6 +177,64 @@ class AuthRoutes:
         return web.json_response({"revoked": {"sub": sub}})
 
 
+TEXT = string(minLength=1, maxLength=4096)
+PAIR = Answer("an access token and its refresh token", obj({
+    "access_token": string("a JWT"), "token_type": one_of("Bearer"),
+    "expires_in": integer("seconds the access token lives", minimum=1),
+    "refresh_token": string("grt_...: single use, it gives the next pair")}))
+NOT_CONFIGURED = "issuing tokens needs GATEWAY_JWT_SECRET (not_configured)"
+TOKEN = Operation(
+    "Issue an access token and a refresh token for an account, never wider than the issuer",
+    {200: PAIR},
+    errors={400: "sub is missing, or scope, topics or ttl is bad",
+            403: "wider than the issuing credential", 503: NOT_CONFIGURED},
+    body=obj({"sub": string("the account", minLength=1, maxLength=4096)}, {
+        "scope": string("space-separated scopes", default="feed:read"),
+        "topics": array(string(minLength=1), "topic names or prefixes ending in *"),
+        "ttl": integer("the access token's life in seconds, at most [access] "
+                       "max_token_seconds", minimum=1, default=DEFAULT_TTL)}, more=True),
+    tag="auth")
+REFRESH = Operation(
+    "The next pair for a refresh token (which is spent)",
+    {200: PAIR},
+    errors={400: "refresh_token is missing",
+            401: "unknown, spent or revoked refresh token (counted by the address's "
+                 "barrier)",
+            429: "this address sent too many refused tokens: blocked for a cool-down",
+            503: NOT_CONFIGURED},
+    body=obj({"refresh_token": TEXT}, more=True), signed=("the refresh token in the body",),
+    tag="auth")
+REVOKE = Operation(
+    "End an access token, or a refresh token and its whole login (RFC 7009)",
+    {200: Answer("the same answer whatever the token was", obj())},
+    errors={400: "token is missing", 503: NOT_CONFIGURED},
+    body=obj({"token": TEXT}, more=True), signed=("the token in the body",), tag="auth")
+ADMIN_REVOKE = Operation(
+    "Revoke one access token (jti) or every token of an account (sub)",
+    {200: Answer("what was revoked", obj({"revoked": obj(optional={
+        "jti": string(), "sub": string()})}))},
+    errors={400: "not exactly one of jti and sub"},
+    body=obj(optional={"jti": TEXT, "sub": TEXT}, more=True), tag="admin")
+NO_ACCOUNT = "the credential has no account: use an access token with a sub"
+LINK_CODE = Operation(
+    "A code to link a chat to this account (send /link <code> to the bot)",
+    {200: Answer("the code", obj({"code": string(pattern="^[0-9]{8}$"),
+                                  "expires_in": integer(minimum=1)}))},
+    errors={403: NO_ACCOUNT}, tag="auth")
+LINK = obj({"id": integer(minimum=1), "platform": string(), "chat": string(),
+            "created_at": string(format="date-time")})
+LINKS = Operation("This account's chat links",
+                  {200: Answer("the links", obj({"links": array(LINK)}))},
+                  errors={403: NO_ACCOUNT}, tag="auth")
+UNLINK = Operation(
+    "Remove a chat link (streams reading through it end)",
+    {200: Answer("removed", obj({"deleted": integer()}))},
+    errors={403: NO_ACCOUNT, 404: "no such link of this account"},
+    params=(Param("id", string(pattern="^[0-9]{1,18}$"), "the link's id", where="path",
+                  required=True),),
+    tag="auth")
+
+
 def _account(request: web.Request) -> str:
     """The account whose chat links the caller manages: a token's, if its issuer could
     read every conversation itself (a token an API key minted without ``conversation:*``
@@ -225,10 +284,13 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return web.json_response({"deleted": int(raw)})
 
     app[TOPIC_GRANT] = grant
-    routes.post(app, "/v1/auth/link-code", link_code, scope="feed:read")
-    routes.get(app, "/v1/auth/links", list_links, scope="feed:read")
-    routes.add(app, "DELETE", "/v1/auth/links/{id}", delete_link, scope="feed:read")
-    routes.post(app, "/v1/auth/token", auth.token, scope="tokens:issue")
-    routes.post(app, "/v1/auth/refresh", auth.refresh, scope=PUBLIC)  # the token is the credential
-    routes.post(app, "/v1/auth/revoke", auth.revoke, scope=PUBLIC)  # so is the revoked one
-    routes.post(app, "/v1/admin/revoke", auth.admin_revoke, scope="admin")
+    routes.post(app, "/v1/auth/link-code", link_code, scope="feed:read", doc=LINK_CODE)
+    routes.get(app, "/v1/auth/links", list_links, scope="feed:read", doc=LINKS)
+    routes.add(app, "DELETE", "/v1/auth/links/{id}", delete_link, scope="feed:read",
+               doc=UNLINK)
+    routes.post(app, "/v1/auth/token", auth.token, scope="tokens:issue", doc=TOKEN)
+    # The token in the body is the credential of these two (refresh: the one presented;
+    # revoke: the one being revoked).
+    routes.post(app, "/v1/auth/refresh", auth.refresh, scope=PUBLIC, doc=REFRESH)
+    routes.post(app, "/v1/auth/revoke", auth.revoke, scope=PUBLIC, doc=REVOKE)
+    routes.post(app, "/v1/admin/revoke", auth.admin_revoke, scope="admin", doc=ADMIN_REVOKE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.api import routes
+from gateway.api.spec import Answer, Operation, Param, string
 from gateway.api.state import PUBLIC
 from gateway.stores.runtime import Runtime
 
@@ -20,6 +21,14 @@ PREFIXES = ("/v1/feed", "/v1/stream", "/v1/jobs", "/v1/search", "/v1/auth/")
 ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 EXPOSE_HEADERS = "Retry-After, X-Stream-Cursor, X-Stream-Epochs"
 MAX_AGE = "600"
+
+
+PREFLIGHT = Operation(
+    "A CORS preflight (GATEWAY_CORS_ORIGINS): the Access-Control-Allow-* headers for an "
+    "allowed Origin, none for another",
+    {204: Answer("no body", media="")},
+    params=(Param("Origin", string(), "the page's origin", where="header"),),
+    stores=False, tag="cors")
 
 
 def setup(app: web.Application, runtime: Runtime) -> None:
@@ -55,4 +64,5 @@ def setup(app: web.Application, runtime: Runtime) -> None:
 
     app.on_response_prepare.append(add_headers)
     for path in PATHS:
-        routes.add(app, "OPTIONS", path, preflight, scope=PUBLIC)  # a preflight has none
+        routes.add(app, "OPTIONS", path, preflight, scope=PUBLIC,  # a preflight has none
+                   doc=PREFLIGHT)

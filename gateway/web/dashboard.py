@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.api import routes
+from gateway.api.spec import Answer, Operation, array, integer, mapping, nullable, obj, string
 from gateway.api.state import PUBLIC, RUNTIME
 from gateway.inbound.http_intake import INBOUND
 from gateway.inbound.mattermost import health as mattermost_health
@@ -99,7 +100,25 @@ async def index(request: web.Request) -> web.FileResponse:
                             headers={"Cache-Control": "no-cache"})
 
 
+SECTION = nullable(obj(more=True))  # a section is null while its store is unavailable
+SUMMARY = Operation(
+    "What the dashboard shows: queues, throughput, listener, feed, push, maintenance, "
+    "admission and today's provider usage",
+    {200: Answer("the summary", obj({
+        "generated_at": string(format="date-time"),
+        "stages": nullable(mapping(obj(more=True), "queue depths by stage")),
+        "dead_letters": nullable(integer(minimum=0)),
+        "throughput": SECTION, "listener": SECTION, "feed": SECTION,
+        "push": obj(more=True), "maintenance": SECTION, "admission": SECTION,
+        "usage": nullable(array(obj(more=True))),
+        "errors": mapping(string(), "sections left empty, and why")}, more=True))},
+    tag="dashboard")
+PAGE = Operation(
+    "The live dashboard page (it asks for an admin credential itself)",
+    {200: Answer("the page", string(), media="text/html")}, stores=False, tag="dashboard")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
-    routes.get(app, "/", index, scope=PUBLIC)
-    routes.get(app, "/v1/dashboard/summary", summary, scope="admin")
-    routes.static(app, "/static/", STATIC)
+    routes.get(app, "/", index, scope=PUBLIC, doc=PAGE)
+    routes.get(app, "/v1/dashboard/summary", summary, scope="admin", doc=SUMMARY)
+    routes.static(app, "/static/", STATIC, tag="dashboard")

@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.api import routes
+from gateway.api.spec import Answer, Operation, boolean, mapping, obj, one_of, string
 from gateway.api.state import PUBLIC, READINESS, ReadinessCheck, add_readiness_check
 from gateway.leases.maintenance import view_for
 from gateway.stores.redis import AnyRedis
@@ -79,11 +80,26 @@ def maintenance_check(runtime: Runtime) -> ReadinessCheck:
     return check
 
 
+CHECKS = mapping(obj({"ok": boolean(), "detail": string(), "required": boolean(
+    "a failing required check makes /readyz answer 503")}), "by check name")
+HEALTHZ = Operation("The process answers", {200: Answer("alive", obj({"status": one_of("ok")}))},
+                    stores=False, tag="health")
+READYZ = Operation(
+    "Every store answers and maintenance mode is off",
+    {200: Answer("ready", obj({"status": one_of("ready"), "checks": CHECKS}))},
+    errors={503: "not ready: a required check failed (the body adds checks)"},
+    stores=False, tag="health")
+METRICS = Operation(
+    "Prometheus metrics of this process",
+    {200: Answer("the text exposition format", string(), media="text/plain")},
+    stores=False, tag="health")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     for name, check in store_checks(runtime).items():
         add_readiness_check(app, name, check)
     add_readiness_check(app, "maintenance", maintenance_check(runtime))
-    routes.get(app, "/healthz", healthz, scope=PUBLIC)
-    routes.get(app, "/readyz", readyz, scope=PUBLIC)
+    routes.get(app, "/healthz", healthz, scope=PUBLIC, doc=HEALTHZ)
+    routes.get(app, "/readyz", readyz, scope=PUBLIC, doc=READYZ)
     routes.get(app, "/metrics", metrics,
-               scope=PUBLIC if runtime.settings.metrics_public else "metrics:read")
+               scope=PUBLIC if runtime.settings.metrics_public else "metrics:read", doc=METRICS)

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, array, integer, number, obj, string
 from gateway.api.state import RUNTIME
 from gateway.config import tunables
 from gateway.knowledge import search as pipeline_search
@@ -88,6 +89,22 @@ class SearchBudget:
 SEARCH_BUDGET: web.AppKey[SearchBudget] = web.AppKey("search_budget", SearchBudget)
 
 
+SEARCH = Operation(
+    "Chunks of processed documents nearest to a query, best first",
+    {200: Answer("the results", obj({"query": string(), "results": array(obj(
+        {"item_id": string(), "text": string("the chunk"), "score": number(
+            "cosine similarity")}))}))},
+    errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, or "
+                 f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}",
+            503: "too many searches at once (busy), the search took too long (timeout), or "
+                 "the query could not be embedded (over_budget, embedder_unavailable)"},
+    params=(Param("q", string(minLength=1, maxLength=pipeline_search.MAX_QUERY),
+                  "the query", required=True),
+            Param("limit", integer(minimum=1, maximum=pipeline_search.MAX_LIMIT, default=10),
+                  "how many results at most")),
+    tag="search")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     app[SEARCH_BUDGET] = SearchBudget(runtime)
-    routes.get(app, "/v1/search", search, scope="search:read")
+    routes.get(app, "/v1/search", search, scope="search:read", doc=SEARCH)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, array, integer, obj, one_of, string
 from gateway.api.state import RUNTIME
 from gateway.providers.usage import GROUPS, start_of_day, usage_report
 
@@ -20,6 +21,23 @@ def _days(value: str | None) -> int:
     if not value.isdigit() or not 1 <= int(value) <= MAX_DAYS:
         raise ApiError(400, "bad_request", f"days must be a whole number 1-{MAX_DAYS}")
     return int(value)
+
+
+COUNT = integer(minimum=0)
+USAGE = Operation(
+    "Model provider usage summed by one key, from midnight UTC days back",
+    {200: Answer("the sums", obj({
+        "group": one_of(*GROUPS), "since": string(format="date-time"),
+        "rows": array(obj({"key": string("the provider, model, chat or day (YYYY-MM-DD)"),
+                           "calls": COUNT, "tokens_in": COUNT, "tokens_out": COUNT,
+                           "tokens": COUNT}))}))},
+    errors={400: f"group is not one of {', '.join(GROUPS)}, or days not a whole number "
+                 f"1-{MAX_DAYS}"},
+    params=(Param("group", one_of(*GROUPS, default="provider"),
+                  "the key to sum by"),
+            Param("days", integer(minimum=1, maximum=MAX_DAYS, default=30),
+                  "1 = today")),
+    tag="admin")
 
 
 async def usage(request: web.Request) -> web.Response:
