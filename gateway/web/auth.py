@@ -220,7 +220,9 @@ LINK_CODE = Operation(
     "A code to link a chat to this account (send /link <code> to the bot)",
     {200: Answer("the code", obj({"code": string(pattern="^[0-9]{8}$"),
                                   "expires_in": integer(minimum=1)}))},
-    errors={403: NO_ACCOUNT}, tag="auth")
+    errors={403: NO_ACCOUNT,
+            429: "this account asked for more than [access] link_codes_per_hour codes",
+            503: "no free link code now (busy)"}, tag="auth")
 LINK = obj({"id": integer(minimum=1), "platform": string(), "chat": string(),
             "created_at": string(format="date-time")})
 LINKS = Operation("This account's chat links",

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import Answer, Operation, Param, integer, obj, one_of, string
 from gateway.api.state import principal_of
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import install as install_inbound
@@ -22,7 +23,7 @@ from gateway.inbound.http_intake import read_body, require_json
 from gateway.inbound.signing import MalformedError
 from gateway.notifications import publish
 from gateway.notifications.settings import NotificationSettings
-from gateway.push.protocol import FeedError
+from gateway.push.protocol import TOPIC_RE, FeedError
 from gateway.ratelimit import Limiter
 from gateway.ratelimit.credential import CredentialRate
 from gateway.stores.runtime import Runtime
@@ -66,6 +67,33 @@ class Publisher:
              "offset": published.offset}, status=200 if published.duplicate else 202)
 
 
+def _answer(status: str, meaning: str) -> Answer:
+    return Answer(meaning, obj({"status": one_of(status), "topic": string(),
+                                "offset": integer("the event's offset in the topic's feed",
+                                                  minimum=1)}))
+
+
+PUBLISH = Operation(
+    "Publish an event of one's own on a topic (a feed row, pushed to its streams)",
+    {202: _answer("accepted", "published"),
+     200: _answer("duplicate", "this event_id was published on the topic before: its offset")},
+    errors={400: "the body is not a valid event, or the topic is not a topic",
+            403: "one of the gateway's own topics, or a topic the credential's patterns do "
+                 "not cover",
+            413: f"the body is over {publish.MAX_EVENT_BYTES} bytes",
+            415: "the body is not declared application/json",
+            429: "over [notifications] events_per_minute for this credential"},
+    body=obj(optional={
+        "kind": string("the event's name (its SSE event name)"), "text": string(),
+        "data": obj(more=True),
+        "event_id": string("makes the POST idempotent on the topic", minLength=1,
+                           pattern="^[!-~]+$")}),
+    params=(Param("topic", string(pattern=TOPIC_RE.pattern), "the topic",
+                  where="path", required=True),),
+    tag="feed")
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     publisher = Publisher(app, runtime)
-    routes.post(app, "/v1/topics/{topic}/events", publisher.post, scope="events:write")
+    routes.post(app, "/v1/topics/{topic}/events", publisher.post, scope="events:write",
+                doc=PUBLISH)
