@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from gateway import keys
 
-SCOPES = ("jobs:write", "jobs:read", "jobs:critical", "search:read", "feed:read",
-          "metrics:read", "admin", "tokens:issue", "events:write", "subscriptions:write")
+SCOPES = ("jobs:write", "jobs:read", "jobs:priority", "jobs:critical", "search:read",
+          "feed:read", "metrics:read", "admin", "tokens:issue", "events:write",
+          "subscriptions:write")
 
 
 MAX_ISSUERS = 12  # how many credentials a token may derive from: minting stops that deep

@@ -7,9 +7,11 @@ random item id and needs no claim. Validation happens before anything is written
 Job ids belong to the credential that submits them: an API key's or an account's item ids are
 ``<owner>/<job_id>`` (``k.<key id>``, ``u.<hash of sub>``), so another credential can neither
 take a job id first nor read the job; the admin token's are the bare job ids and it reads
-every job. ``critical`` priority needs the ``jobs:critical`` scope. Submissions are limited
-per credential (``[access] jobs_per_minute``, 600, 0 for none; the admin token is not), so
-one client cannot crowd out the others: 429 + ``Retry-After`` past it.
+every job. ``high`` priority needs the ``jobs:priority`` scope (or ``jobs:critical``),
+``critical`` the ``jobs:critical`` scope: without them a client's jobs queue behind what came
+before (a flood of "high" jobs from one client once ran ahead of an earlier webhook).
+Submissions are limited per credential (``[access] jobs_per_minute``, 600, 0 for none; the
+admin token is not), so one client cannot crowd out the others: 429 + ``Retry-After`` past it.
 """
 
 from __future__ import annotations
@@ -101,8 +103,7 @@ async def submit_job(request: web.Request) -> web.Response:
     except MalformedError as exc:
         raise _bad(str(exc)) from None
     principal = principal_of(request)
-    if priority == "critical" and not principal.allows("jobs:critical"):
-        raise ApiError(403, "forbidden", "priority critical needs the scope jobs:critical")
+    _may_ask(principal, priority)
     if not principal.is_admin:
         await request.app[JOB_RATE].admit(principal.owner)
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
@@ -113,6 +114,17 @@ async def submit_job(request: web.Request) -> web.Response:
     if outcome is Intake.REFUSED:  # the credential was revoked: nothing was written
         raise await request.app[REFUSE](request, "unknown or revoked API key")
     return intake_answer(outcome, item_id)
+
+
+# Priority is a grant: a job of a credential without it runs after the ones queued before
+# it (webhooks, other clients' jobs), so one client's jobs cannot push everyone else back.
+PRIORITY_SCOPES = {"high": ("jobs:priority", "jobs:critical"), "critical": ("jobs:critical",)}
+
+
+def _may_ask(principal: Principal, priority: str) -> None:
+    needed = PRIORITY_SCOPES.get(priority, ())
+    if needed and not any(principal.allows(scope) for scope in needed):
+        raise ApiError(403, "forbidden", f"priority {priority} needs the scope {needed[0]}")
 
 
 def _owned(principal: Principal, job_id: str) -> str:
