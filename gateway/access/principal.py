@@ -106,6 +106,10 @@ class Principal:
     def may_read(self, topic: str) -> bool:
         return self.is_admin or any(topic_matches(p, topic) for p in self.topics)
 
+    def reads_all(self, requested: str) -> bool:
+        """May it read every topic ``requested`` (a name or a pattern) names?"""
+        return self.is_admin or any(covers(p, requested) for p in self.topics)
+
 
 ADMIN = Principal("admin", "admin", frozenset(SCOPES), ("*",))
 

@@ -18,8 +18,9 @@ from gateway.push import feed
 from gateway.push.protocol import FeedError, FeedRow, check_topic
 from gateway.stores.redis import AnyRedis
 
-# Topics the gateway writes itself: a client publishing there would forge its rows.
-RESERVED = ("pipeline", "pipeline:*", "conversation:*", "webhook:*", "docs:*")
+# Topics the gateway writes itself: a client publishing there would forge its rows
+# (``gateway.*`` names its internal signals, such as the subscriptions' changes).
+RESERVED = ("pipeline", "pipeline:*", "conversation:*", "webhook:*", "docs:*", "gateway.*")
 MAX_EVENT_BYTES = 64 * 1024
 MAX_EVENT_ID = 200
 DEFAULT_KIND = "event"

@@ -40,6 +40,8 @@ class NotificationSettings:
     max_connections: int = 256
     # POST /v1/topics/{topic}/events per credential and minute (the admin is not limited).
     events_per_minute: int = 600
+    # Subscriptions one credential (an API key, an account) may hold (the admin: no limit).
+    max_subscriptions_per_credential: int = 1000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NotificationSettings:

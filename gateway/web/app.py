@@ -32,6 +32,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.web.dashboard",
     "gateway.web.auth",
     "gateway.web.events",
+    "gateway.web.subscriptions",
     "gateway.web.reference",
 )
 

@@ -1,0 +1,169 @@
+"""``/v1/subscriptions`` (scope ``subscriptions:write``) and ``GET /v1/admin/subscriptions``.
+
+A credential subscribes only to topic patterns its own topics cover, and sees and changes
+only its own subscriptions (an API key's, or an account's whatever token it uses); the admin
+token sees and changes all. A webhook destination's secret is shown once, in the answer that
+creates it. ``GET /v1/admin/subscriptions`` adds each one's lag (rows behind).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.access.principal import Principal
+from gateway.api import routes
+from gateway.api.errors import ApiError
+from gateway.api.state import principal_of
+from gateway.inbound.documents import parse_json
+from gateway.inbound.http_intake import read_body, require_json
+from gateway.inbound.signing import MalformedError
+from gateway.notifications import store
+from gateway.notifications.settings import NotificationSettings
+from gateway.notifications.subscriptions import CHAT_TYPES, Invalid, parse_request
+from gateway.stores.runtime import Runtime
+
+ADMIN_OWNER = "admin"
+DEFAULT_LIMIT = 100
+MAX_ID = 100
+
+
+def _principal(request: web.Request) -> Principal:
+    principal = principal_of(request)
+    assert isinstance(principal, Principal)
+    return principal
+
+
+def _owner(request: web.Request) -> str | None:
+    """Whose subscriptions the request may see: None (all) for the admin."""
+    principal = _principal(request)
+    return None if principal.is_admin else principal.owner
+
+
+def _id(request: web.Request) -> str:
+    sub_id = request.match_info["id"]
+    if not 1 <= len(sub_id) <= MAX_ID or not sub_id.isprintable():
+        raise ApiError(404, "not_found", "no such subscription")
+    return sub_id
+
+
+async def _body(request: web.Request) -> Any:
+    require_json(request)
+    try:
+        return parse_json(await read_body(request))
+    except (MalformedError, ValueError) as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+
+
+def _int(request: web.Request, name: str, default: int, high: int) -> int:
+    raw = request.query.get(name, "")
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= high:
+        raise ApiError(400, "bad_request", f"{name} must be an integer 0-{high}")
+    return int(raw)
+
+
+class SubscriptionRoutes:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.settings = NotificationSettings.from_settings(runtime.settings)
+
+    async def create(self, request: web.Request) -> web.Response:
+        principal = _principal(request)
+        try:
+            parsed = parse_request(await _body(request), allow_http=self.settings.allow_http)
+        except Invalid as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+        if not principal.reads_all(parsed.topic):
+            raise ApiError(403, "forbidden", "the credential's topics do not cover "
+                           f"{parsed.topic[:200]!r}")
+        if parsed.destination["type"] in CHAT_TYPES and not principal.is_admin:
+            raise ApiError(403, "forbidden", "a chat destination is made from the chat itself "
+                           "(/subscribe <topic>) or with the admin token")
+        limit = None if principal.is_admin else self.settings.max_subscriptions_per_credential
+        try:
+            created, secret = await store.create(
+                self.runtime.pg, self.runtime.cache, principal.owner or ADMIN_OWNER, parsed,
+                limit)
+        except store.TooMany as exc:
+            raise ApiError(409, "too_many_subscriptions", str(exc)) from None
+        if secret is not None:
+            created["secret"] = secret  # shown this once
+        return web.json_response(created, status=201)
+
+    async def listing(self, request: web.Request) -> web.Response:
+        found = await store.listing(self.runtime.pg_reads, _owner(request),
+                                    _int(request, "limit", DEFAULT_LIMIT, store.MAX_LIST) or 1,
+                                    request.query.get("after") or None)
+        return web.json_response({"subscriptions": found})
+
+    async def admin_listing(self, request: web.Request) -> web.Response:
+        found = await store.listing(self.runtime.pg_reads, None,
+                                    _int(request, "limit", DEFAULT_LIMIT, store.MAX_LIST) or 1,
+                                    request.query.get("after") or None, lag=True)
+        return web.json_response({"subscriptions": found})
+
+    async def get(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(await store.get(self.runtime.pg_reads, _id(request),
+                                                     _owner(request)))
+        except store.NotFound:
+            raise ApiError(404, "not_found", "no such subscription") from None
+
+    async def delete(self, request: web.Request) -> web.Response:
+        try:
+            await store.delete(self.runtime.pg, self.runtime.cache, _id(request),
+                               _owner(request))
+        except store.NotFound:
+            raise ApiError(404, "not_found", "no such subscription") from None
+        return web.json_response({"status": "deleted"})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        return await self._state(request, "paused")
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return await self._state(request, "active")
+
+    async def _state(self, request: web.Request, state: str) -> web.Response:
+        try:
+            return web.json_response(await store.set_state(
+                self.runtime.pg, self.runtime.cache, _id(request), _owner(request), state))
+        except store.NotFound:
+            raise ApiError(404, "not_found", "no such subscription") from None
+
+    async def replay(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        after = body.get("after") if isinstance(body, dict) else None
+        if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after < 2**63:
+            raise ApiError(400, "bad_request", 'body must be {"after": <offset >= 0>}')
+        try:
+            return web.json_response(await store.replay(
+                self.runtime.pg, self.runtime.cache, _id(request), _owner(request), after))
+        except store.NotFound:
+            raise ApiError(404, "not_found", "no such subscription") from None
+
+    async def failures(self, request: web.Request) -> web.Response:
+        try:
+            found = await store.failures(
+                self.runtime.pg_reads, _id(request), _owner(request),
+                _int(request, "limit", DEFAULT_LIMIT, store.MAX_LIST) or 1,
+                _int(request, "after", 0, 2**63 - 1))
+        except store.NotFound:
+            raise ApiError(404, "not_found", "no such subscription") from None
+        return web.json_response({"failures": found})
+
+
+def setup(app: web.Application, runtime: Runtime) -> None:
+    r = SubscriptionRoutes(runtime)
+    scope = "subscriptions:write"
+    routes.post(app, "/v1/subscriptions", r.create, scope=scope)
+    routes.get(app, "/v1/subscriptions", r.listing, scope=scope)
+    routes.get(app, "/v1/subscriptions/{id}", r.get, scope=scope)
+    routes.add(app, "DELETE", "/v1/subscriptions/{id}", r.delete, scope=scope)
+    routes.post(app, "/v1/subscriptions/{id}/pause", r.pause, scope=scope)
+    routes.post(app, "/v1/subscriptions/{id}/resume", r.resume, scope=scope)
+    routes.post(app, "/v1/subscriptions/{id}/replay", r.replay, scope=scope)
+    routes.get(app, "/v1/subscriptions/{id}/failures", r.failures, scope=scope)
+    routes.get(app, "/v1/admin/subscriptions", r.admin_listing, scope="admin")
