@@ -15,6 +15,18 @@ from aiohttp import web
 from gateway.access.principal import Principal
 from gateway.api import routes
 from gateway.api.errors import ApiError
+from gateway.api.spec import (
+    Answer,
+    Operation,
+    Param,
+    array,
+    integer,
+    mapping,
+    nullable,
+    obj,
+    one_of,
+    string,
+)
 from gateway.api.state import principal_of
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import read_body, require_json
@@ -155,15 +167,81 @@ class SubscriptionRoutes:
         return web.json_response({"failures": found})
 
 
+_DESTINATION = {"oneOf": [
+    obj({"type": one_of("webhook"), "url": string("https:// (http:// with [notifications] "
+                                                  "allow_http)", maxLength=2048)},
+        {"secret": string("whsec_<base64>; made when left out, shown once")}),
+    obj({"type": one_of("telegram"), "chat_id": {"type": ["string", "integer"]}}),
+    obj({"type": one_of("slack"), "channel": string()}),
+    obj({"type": one_of("mattermost"), "channel_id": string()})]}
+_SHOWN_DESTINATION = {"type": "object", "description": "the destination, never its secret"}
+_SUBSCRIPTION = obj({
+    "id": string(), "topic": string("a topic, or a prefix ending in *"),
+    "kinds": nullable(array(string())), "destination": _SHOWN_DESTINATION,
+    "template": nullable(string()), "state": one_of("active", "paused"),
+    "cursor": mapping(integer(minimum=0), "per topic, the last offset delivered"),
+    "last_error": nullable(string()), "failing_since": nullable(string()),
+    "delivered_at": nullable(string()), "created_at": string(), "owner": string()},
+    {"secret": string("the webhook secret: only in the answer that creates it"),
+     "lag": integer("rows behind (admin listing)", minimum=0)})
+_ONE = {200: Answer("the subscription", _SUBSCRIPTION)}
+_LIST = {200: Answer("subscriptions, oldest first",
+                     obj({"subscriptions": array(_SUBSCRIPTION)}))}
+_ID = (Param("id", string(), "the subscription's id", where="path", required=True),)
+_PAGE = (Param("limit", integer(minimum=0, maximum=store.MAX_LIST), "at most this many (100)"),
+         Param("after", string(), "the last id of the previous page"))
+_NOT_FOUND = {404: "no subscription of this credential has this id"}
+TAG = "subscriptions"
+CREATE = Operation(
+    "Subscribe an HTTP endpoint (or, with the admin token, a chat) to a topic",
+    {201: Answer("the subscription, with a webhook's secret this once", _SUBSCRIPTION)},
+    errors={400: "not a valid subscription", 403: "a topic the credential's patterns do "
+            "not cover, or a chat destination without the admin token",
+            409: "the credential holds max_subscriptions_per_credential already",
+            415: "the body is not declared application/json"},
+    body=obj({"topic": string("a topic, or a prefix ending in *"),
+              "destination": _DESTINATION},
+             {"kinds": array(string(), minItems=1, maxItems=50),
+              "template": string("chats: {topic} {kind} {offset} {text} {data.<name>}"),
+              "after": integer("start after this offset (default: the topic's end)",
+                               minimum=0)}), tag=TAG)
+LIST = Operation("The credential's subscriptions (the admin's: all)", _LIST, params=_PAGE,
+                 errors={400: "a bad limit"}, tag=TAG)
+ADMIN_LIST = Operation("Every subscription with its state and lag", _LIST, params=_PAGE,
+                       errors={400: "a bad limit"}, tag=TAG)
+GET = Operation("One subscription", _ONE, errors=_NOT_FOUND, params=_ID, tag=TAG)
+DELETE = Operation("Remove a subscription", {200: Answer("removed", obj(
+    {"status": one_of("deleted")}))}, errors=_NOT_FOUND, params=_ID, tag=TAG)
+PAUSE = Operation("Pause a subscription (its rows wait)", _ONE, errors=_NOT_FOUND,
+                  params=_ID, body_required=False, tag=TAG)
+RESUME = Operation("Resume a subscription (its last error forgotten, tried at once)", _ONE,
+                   errors=_NOT_FOUND, params=_ID, body_required=False, tag=TAG)
+REPLAY = Operation("Deliver again from offset after + 1", _ONE,
+                   errors={**_NOT_FOUND, 400: "after is not an offset"}, params=_ID,
+                   body=obj({"after": integer(minimum=0)}), tag=TAG)
+FAILURES = Operation(
+    "The rows given up on after the retry schedule", {200: Answer("oldest first", obj({
+        "failures": array(obj({
+            "id": integer(), "topic": string(), "offset": integer(), "kind": string(),
+            "attempts": integer(), "error": string(), "first_failed_at": string(),
+            "failed_at": string()}))}))},
+    errors={**_NOT_FOUND, 400: "a bad limit or after"},
+    params=(*_ID, Param("limit", integer(minimum=0, maximum=store.MAX_LIST), "at most"),
+            Param("after", integer(minimum=0), "the last failure id of the previous page")),
+    tag=TAG)
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     r = SubscriptionRoutes(runtime)
     scope = "subscriptions:write"
-    routes.post(app, "/v1/subscriptions", r.create, scope=scope)
-    routes.get(app, "/v1/subscriptions", r.listing, scope=scope)
-    routes.get(app, "/v1/subscriptions/{id}", r.get, scope=scope)
-    routes.add(app, "DELETE", "/v1/subscriptions/{id}", r.delete, scope=scope)
-    routes.post(app, "/v1/subscriptions/{id}/pause", r.pause, scope=scope)
-    routes.post(app, "/v1/subscriptions/{id}/resume", r.resume, scope=scope)
-    routes.post(app, "/v1/subscriptions/{id}/replay", r.replay, scope=scope)
-    routes.get(app, "/v1/subscriptions/{id}/failures", r.failures, scope=scope)
-    routes.get(app, "/v1/admin/subscriptions", r.admin_listing, scope="admin")
+    routes.post(app, "/v1/subscriptions", r.create, scope=scope, doc=CREATE)
+    routes.get(app, "/v1/subscriptions", r.listing, scope=scope, doc=LIST)
+    routes.get(app, "/v1/subscriptions/{id}", r.get, scope=scope, doc=GET)
+    routes.add(app, "DELETE", "/v1/subscriptions/{id}", r.delete, scope=scope, doc=DELETE)
+    routes.post(app, "/v1/subscriptions/{id}/pause", r.pause, scope=scope, doc=PAUSE)
+    routes.post(app, "/v1/subscriptions/{id}/resume", r.resume, scope=scope, doc=RESUME)
+    routes.post(app, "/v1/subscriptions/{id}/replay", r.replay, scope=scope, doc=REPLAY)
+    routes.get(app, "/v1/subscriptions/{id}/failures", r.failures, scope=scope,
+               doc=FAILURES)
+    routes.get(app, "/v1/admin/subscriptions", r.admin_listing, scope="admin",
+               doc=ADMIN_LIST)
