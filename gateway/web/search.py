@@ -6,7 +6,9 @@ is bounded: at most ``[search] max_concurrent`` (2) such searches run at once in
 (more are answered 503 + ``Retry-After`` at once, rather than queued onto the database pool
 the feed needs too), and each one, the query's embedding included, gets
 ``[search] timeout_seconds`` (5; past it 503 as well, and its statement is cancelled on the
-server). A cached answer takes no slot."""
+server). One credential holds at most ``[search] per_credential`` (1) of the slots at once
+(``web.shares``; past it 429), so a client's flood leaves the other slots to everyone else.
+A cached answer takes no slot."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from aiohttp import web
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.spec import Answer, Operation, Param, array, integer, number, obj, string
-from gateway.api.state import RUNTIME
+from gateway.api.state import RUNTIME, principal_of
 from gateway.config import tunables
 from gateway.knowledge import search as pipeline_search
 from gateway.providers import OverBudget, ProviderError
 from gateway.stores.runtime import Runtime
+from gateway.web.shares import Shares
 
 
 async def search(request: web.Request) -> web.Response:
@@ -42,16 +45,23 @@ async def search(request: web.Request) -> web.Response:
     key, cached = await pipeline_search.lookup(runtime, query, limit)
     if cached is not None:
         return web.json_response({"query": query, "results": cached})
-    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit)
+    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit,
+                          principal_of(request).owner)
     await pipeline_search.remember(runtime, key, results)
     return web.json_response({"query": query, "results": results})
 
 
-async def _rank(budget: SearchBudget, runtime: Runtime, query: str,
-                limit: int) -> list[dict[str, Any]]:
+async def _rank(budget: SearchBudget, runtime: Runtime, query: str, limit: int,
+                owner: str) -> list[dict[str, Any]]:
     if budget.slots.locked():
         raise ApiError(503, "busy", "too many searches at once; retry shortly",
                        {"Retry-After": str(RETRY_SECONDS)})
+    with budget.shares.hold(owner, "searches"):
+        return await _ranked(budget, runtime, query, limit)
+
+
+async def _ranked(budget: SearchBudget, runtime: Runtime, query: str,
+                  limit: int) -> list[dict[str, Any]]:
     async with budget.slots:
         try:
             async with asyncio.timeout(budget.timeout):
@@ -77,12 +87,14 @@ class SearchLimits:
 
     max_concurrent: int = 2
     timeout_seconds: float = 5.0
+    per_credential: int = 1  # of those slots one credential may hold at once
 
 
 class SearchBudget:
     def __init__(self, runtime: Runtime) -> None:
         limits = tunables(SearchLimits, runtime.settings, "search")
         self.slots = asyncio.Semaphore(limits.max_concurrent)
+        self.shares = Shares(limits.per_credential, RETRY_SECONDS)
         self.timeout = limits.timeout_seconds
 
 
@@ -96,6 +108,7 @@ SEARCH = Operation(
             "cosine similarity")}))}))},
     errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, or "
                  f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}",
+            429: "this credential already runs its share of the search slots",
             503: "too many searches at once (busy), the search took too long (timeout), or "
                  "the query could not be embedded (over_budget, embedder_unavailable)"},
     params=(Param("q", string(minLength=1, maxLength=pipeline_search.MAX_QUERY),
