@@ -53,16 +53,23 @@ def _observe(route: str, status: int, seconds: float) -> None:
 
 
 _CLOSED = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+# The budget of an inbound write (signed webhooks, jobs, chat platform events), from its body
+# being in to its answer: a stalled or unreachable store gives 503 + Retry-After within it,
+# whatever the stores' own timeouts (Redis 3 s, a coalesced flush 5 s), so a sender waits at
+# most 2 s for its answer (the last quarter second is the answer's way back).
+WRITE_BUDGET_SECONDS = 1.75
 
 
 def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
             query_token: bool = False, checks_revocation: bool = False,
-            body_seconds: float = 30.0) -> Handler:
+            body_seconds: float = 30.0, budget: float | None = None) -> Handler:
     """``handler`` behind the size limit, the credential check for ``scope`` (none for
     ``PUBLIC``), JSON errors and metrics labelled ``route``. ``checks_revocation``: the
     handler reads the principal's ``revocation_mark`` inside its own write. A body still on
     its way when the handler would start is read first, within ``body_seconds`` (else 408),
-    so a slow sender holds its connection no longer, whatever the handler reads it with."""
+    so a slow sender holds its connection no longer, whatever the handler reads it with.
+    ``budget``: once the body is in, the credential check and the handler get this many
+    seconds, then 503 + ``Retry-After`` (``WRITE_BUDGET_SECONDS`` for inbound writes)."""
 
     async def guarded_handler(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -75,23 +82,34 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
                                {"Connection": "close"})
             if request.body_exists and not request.content.is_eof():
                 await _read_in_time(request, body_seconds)
-            if scope != PUBLIC:
-                over_cap = request.app.get(OVER_CAP)
-                if over_cap and request.transport in over_cap:
-                    raise ApiError(503, "busy", "this server holds too many connections; "
-                                   "only health checks and signed deliveries are served",
-                                   {"Retry-After": "5", "Connection": "close"})
-                authenticate = request.app.get(AUTHENTICATE)
-                if authenticate is None:  # nothing can vouch for anyone: closed
-                    raise ApiError(401, "unauthorized", "no credentials are configured",
-                                   _CLOSED)
-                request[PRINCIPAL] = await authenticate(request, scope, query_token,
-                                                        checks_revocation)
-            response = await handler(request)
+            if budget is None:
+                response = await checked(request)
+            else:
+                try:
+                    async with asyncio.timeout(budget):
+                        response = await checked(request)
+                except TimeoutError:
+                    raise ApiError(503, "store_unavailable", f"a store did not answer within "
+                                   f"{budget:g} s; retry later",
+                                   {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
         except Exception as exc:
             response = _error_response(exc, route)
         _observe(route, response.status, time.perf_counter() - started)
         return response
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        if scope != PUBLIC:
+            over_cap = request.app.get(OVER_CAP)
+            if over_cap and request.transport in over_cap:
+                raise ApiError(503, "busy", "this server holds too many connections; "
+                               "only health checks and signed deliveries are served",
+                               {"Retry-After": "5", "Connection": "close"})
+            authenticate = request.app.get(AUTHENTICATE)
+            if authenticate is None:  # nothing can vouch for anyone: closed
+                raise ApiError(401, "unauthorized", "no credentials are configured", _CLOSED)
+            request[PRINCIPAL] = await authenticate(request, scope, query_token,
+                                                    checks_revocation)
+        return await handler(request)
 
     guarded_handler.__name__ = getattr(handler, "__name__", "handler")
     guarded_handler.__doc__ = handler.__doc__
@@ -121,15 +139,16 @@ def _record(app: web.Application, method: str, path: str, scope: str, query_toke
 
 def add(app: web.Application, method: str, path: str, handler: Handler, *, scope: str,
         query_token: bool = False, checks_revocation: bool = False,
-        doc: Operation | None = None) -> None:
+        doc: Operation | None = None, budget: float | None = None) -> None:
     """Register ``handler`` for ``method`` on ``path``, guarded (the only way routes are
     added). Every route names the scope a credential needs (``PUBLIC``: none), so a new
     route cannot be added open by forgetting; ``query_token`` also accepts the credential as
     ``?access_token=`` (only where a browser cannot set headers: EventSource). ``doc``
-    describes the route for the OpenAPI document."""
+    describes the route for the OpenAPI document; ``budget``: seconds from the body being
+    in to the answer (then 503)."""
     max_bytes, body_seconds = _limits(app)
     app.router.add_route(method, path, guarded(handler, path, max_bytes, scope, query_token,
-                                               checks_revocation, body_seconds))
+                                               checks_revocation, body_seconds, budget))
     _record(app, method, path, scope, query_token, doc)
 
 
@@ -143,10 +162,13 @@ def get(app: web.Application, path: str, handler: Handler, *, scope: str,
 
 
 def post(app: web.Application, path: str, handler: Handler, *, scope: str,
-         checks_revocation: bool = False, doc: Operation | None = None) -> None:
+         checks_revocation: bool = False, doc: Operation | None = None,
+         budget: float | None = None) -> None:
     """POST; ``checks_revocation``: the handler's write refuses a revoked credential itself
-    (``Principal.revocation_mark``), which saves the request a round trip."""
-    add(app, "POST", path, handler, scope=scope, checks_revocation=checks_revocation, doc=doc)
+    (``Principal.revocation_mark``), which saves the request a round trip; ``budget``: as
+    for ``add`` (``WRITE_BUDGET_SECONDS`` on the inbound write routes)."""
+    add(app, "POST", path, handler, scope=scope, checks_revocation=checks_revocation, doc=doc,
+        budget=budget)
 
 
 def static(app: web.Application, prefix: str, directory: Path, *,

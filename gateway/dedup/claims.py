@@ -66,6 +66,12 @@ async def release(redis: AnyRedis, claim_: Claim) -> bool:
     return bool(await redis.eval(_RELEASE, 1, claim_.key, claim_.token))
 
 
+def release_command(claim_: Claim) -> tuple[str, str, int, str, str]:
+    """``release`` as one command, for a caller that cannot wait for the store (its request's
+    budget ran out) and sends it without awaiting the reply."""
+    return ("EVAL", _RELEASE, 1, claim_.key, claim_.token)
+
+
 async def state(redis: AnyRedis, key: str) -> str | None:
     """``None`` (never seen or released), ``in-progress`` or ``done``."""
     value = await redis.get(key)

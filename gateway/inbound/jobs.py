@@ -194,5 +194,5 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     app[JOB_RATE] = job_rate(runtime, inbound.auto)
     # The API key's revocation mark is read by the enqueue script itself (no round trip).
     routes.post(app, "/v1/jobs", submit_job, scope="jobs:write", checks_revocation=True,
-                doc=SUBMIT)
+                doc=SUBMIT, budget=routes.WRITE_BUDGET_SECONDS)
     routes.get(app, "/v1/jobs/{id}", get_job, scope="jobs:read", doc=STATUS)

@@ -336,6 +336,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
-    routes.post(app, "/slack/events", bot.dispatch, scope=PUBLIC, doc=EVENTS)  # signed
-    routes.post(app, "/slack/commands", bot.dispatch, scope=PUBLIC, doc=COMMANDS)
+    for path, doc in (("/slack/events", EVENTS), ("/slack/commands", COMMANDS)):  # signed
+        routes.post(app, path, bot.dispatch, scope=PUBLIC, doc=doc,
+                    budget=routes.WRITE_BUDGET_SECONDS)
     bot.inbox.run_with(app)

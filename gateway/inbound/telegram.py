@@ -247,7 +247,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
     routes.post(app, "/telegram/webhook", bot.webhook, scope=PUBLIC,  # secret header
-                doc=WEBHOOK)
+                doc=WEBHOOK, budget=routes.WRITE_BUDGET_SECONDS)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         starting = asyncio.create_task(bot.start())

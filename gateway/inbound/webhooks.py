@@ -143,7 +143,8 @@ RECEIVE = Operation(
 def setup(app: web.Application, runtime: Runtime) -> None:
     inbound = install(app, runtime)
     app[REPLAY] = ReplayGuard(inbound.auto, runtime.settings)
-    routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC, doc=RECEIVE)  # signed
+    routes.post(app, "/v1/webhooks/{source}", receive, scope=PUBLIC, doc=RECEIVE,  # signed
+                budget=routes.WRITE_BUDGET_SECONDS)
 
 
 # --- gateway sign ----------------------------------------------------------------------------

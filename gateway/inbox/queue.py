@@ -19,6 +19,7 @@ accepted.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import secrets
 from dataclasses import dataclass
@@ -115,6 +116,9 @@ class Inbox:
             return Pushed.DUPLICATE
         try:
             pushed = await self.push(chat, entry, None, ttl)
+        except asyncio.CancelledError:  # the request's budget ran out: do not wait on a store
+            self.auto.send_nowait([claims.release_command(claim)])
+            raise
         except BaseException:
             await claims.release(self.redis, claim)
             raise
