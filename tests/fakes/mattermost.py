@@ -313,6 +313,11 @@ class FakeMattermost(FakeServer):
             ),
         )
 
+    def slow(self, endpoint: str, seconds: float, *, count: int = 1) -> None:
+        """The next ``count`` requests to ``endpoint`` (names as ``fail_next``) are answered
+        as usual, ``seconds`` late."""
+        self._queue_fault(endpoint, Fault(status=0, delay=seconds, remaining=count))
+
     def make_post(
         self,
         channel_id: str,
@@ -524,6 +529,9 @@ class FakeMattermost(FakeServer):
         params.update({f"_{k}": v for k, v in request.match_info.items()})
         self.record(endpoint, params, request, token=self._token_of(request))
         fault = self.take_fault(endpoint)
+        if fault is not None and not fault.status:  # only slow: answered as usual after it
+            await asyncio.sleep(fault.delay)
+            fault = None
         return params, (self._fault_response(fault) if fault is not None else None)
 
     def _resolve_user(self, user_id: str) -> str:

@@ -14,11 +14,12 @@ answered twice.
   posts since the last post it saw there, minus a margin (clock skew, posts committed late);
   for a channel it has not seen yet in this lease, since ``catchup_lookback`` seconds before
   the lease was taken (what a dead predecessor may have missed).
-- **Durable before moving on.** Live and caught-up posts alike are claimed
+- **Durable, in order.** Live and caught-up posts alike are claimed
   (``dedup:mattermost-post:<id>``) and put in the inbox in one step (``accept``); the first
-  claim wins, every other delivery is dropped. Answering is the inbox consumer's job, on
-  whichever replica is alive. A post whose intake failed is tried again on its own while the
-  socket stays up, and later catch-ups start before it.
+  claim wins, every other delivery is dropped. A channel's posts are taken in one after the
+  other, in the channel's order (``lanes.py``): a post whose intake failed is retried before
+  the ones after it, and live posts wait while a catch-up reads their channel. Answering is
+  the inbox consumer's job, on whichever replica is alive.
 - **Health flag.** The holder keeps ``cache:mattermost:listener`` fresh (see
   ``health.py``).
 """
@@ -29,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -37,7 +39,6 @@ from typing import Any
 import aiohttp
 from redis.exceptions import RedisError
 
-from gateway.api.errors import ApiError
 from gateway.inbound.mattermost import health
 from gateway.inbound.mattermost.backoff import Backoff
 from gateway.inbound.mattermost.client import (
@@ -47,6 +48,7 @@ from gateway.inbound.mattermost.client import (
     SocketClosed,
     posted_post,
 )
+from gateway.inbound.mattermost.lanes import LanePolicy, Lanes
 from gateway.leases import lease as leases
 from gateway.leases.maintenance import view_for
 from gateway.stores.runtime import Runtime
@@ -54,10 +56,6 @@ from gateway.stores.runtime import Runtime
 log = logging.getLogger("gateway.mattermost")
 
 LEASE_NAME = "mattermost-listener"
-# A post whose claim or handling failed is tried again this many times while the socket
-# stays up (delays as the reconnect backoff's); at most this many are remembered per channel.
-RETRY_ATTEMPTS = 5
-MAX_UNSETTLED = 1000
 
 # Makes one post durable (claim + inbox); raises when it could not (the post is retried).
 Accept = Callable[[Post], Awaitable[None]]
@@ -84,6 +82,7 @@ class ListenerConfig:
     dedup_ttl: int = 86400
     max_concurrent: int = 8
     drain_seconds: float = 5.0
+    max_queued: int = 1000  # posts waiting per channel; past it they are read again later
 
 
 async def _stopped(stop: asyncio.Event, timeout: float) -> bool:
@@ -104,9 +103,7 @@ class Listener:
         self.bot_user_id = ""
         self.lease: leases.Lease | None = None  # set while this replica is the active one
         self._last_seen: dict[str, int] = {}
-        # Posts whose intake failed, per channel: post id -> (create_at, attempts).
-        # A catch-up starts no later than the oldest of them; each is also retried on its own.
-        self._unsettled: dict[str, dict[str, tuple[int, int]]] = {}
+        self._lanes: Lanes | None = None  # this lease's, per channel
         self._user_names: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config.max_concurrent)
@@ -156,6 +153,11 @@ class Listener:
         self.state = health.ListenerState(self.instance)
         self.state.set_connected(False)
         self._last_seen = {}
+        self._lanes = Lanes(
+            lambda post: self._process(client, lease, post), client.posts_since, self._spawn,
+            self._slots, LanePolicy(max_queued=self.config.max_queued,
+                                    backoff_initial=self.config.backoff_initial,
+                                    backoff_max=self.config.backoff_max))
         floor_ms = int((time.time() - self.config.catchup_lookback) * 1000)
         renewer = asyncio.create_task(self._renew(lease, lost))
         beat = asyncio.create_task(self._heartbeat(lease))
@@ -248,33 +250,35 @@ class Listener:
     async def _on_event(self, client: MattermostClient, lease: leases.Lease,
                         event: dict[str, Any], floor_ms: int) -> None:
         self.state.saw_event()
+        assert self._lanes is not None
         if event.get("event") == "hello":
             self.state.set_connected(True)
             await self._publish()
-            # Snapshot now: live posts after hello must not move the catch-up's start.
-            self._spawn(self._catch_up(client, lease, dict(self._last_seen), floor_ms))
+            # Live posts wait until their channel was read; snapshot now: live posts after
+            # hello must not move the catch-up's start.
+            self._lanes.hold()
+            self._spawn(self._catch_up(client, self._lanes, dict(self._last_seen), floor_ms))
             return
         post = posted_post(event)
         if post is not None:
             if (await view_for(self.runtime.durable).current()).on:
                 raise SocketClosed("maintenance mode: leaving the socket until it ends")
-            self._spawn_post(client, lease, post)
+            self._lanes.add(post)
 
-    async def _catch_up(self, client: MattermostClient, lease: leases.Lease,
-                        seen: dict[str, int], floor_ms: int) -> None:
+    async def _catch_up(self, client: MattermostClient, lanes: Lanes, seen: dict[str, int],
+                        floor_ms: int) -> None:
         """Read, per channel, what was posted while the socket was down, and answer it."""
         margin_ms = int(self.config.catchup_margin * 1000)
         try:
             for channel_id in await client.my_channel_ids():
-                unsettled = [at for at, _ in self._unsettled.get(channel_id, {}).values()]
-                since = min([seen.get(channel_id, floor_ms + margin_ms), *unsettled]) - margin_ms
-                for post in await client.posts_since(channel_id, since):
-                    # ``since`` also returns posts *edited* since: an old post whose claim
-                    # has expired would be answered a second time.
-                    if post.create_at >= since:
-                        self._spawn_post(client, lease, post)
+                gap = lanes.oldest_gap(channel_id)
+                since = min(seen.get(channel_id, floor_ms + margin_ms),
+                            gap if gap is not None else math.inf)
+                await lanes.read(channel_id, int(since) - margin_ms)
         except _NETWORK_ERRORS as exc:
             log.warning("mattermost catch-up incomplete (next reconnect retries): %s", exc)
+        finally:
+            lanes.release()
 
     # --- one post ----------------------------------------------------------------------
 
@@ -282,43 +286,6 @@ class Listener:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _spawn_post(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
-        self._spawn(self._bounded(client, lease, post))
-
-    async def _bounded(self, client: MattermostClient, lease: leases.Lease,
-                       post: Post) -> None:
-        async with self._slots:
-            try:
-                settled = await self._process(client, lease, post)
-            except (RedisError, ApiError) as exc:  # unclaimed: retried, and caught up
-                log.warning("mattermost post %s: not taken in (%s)", post.id, exc)
-                settled = False
-            except Exception:
-                log.exception("mattermost post %s: intake failed", post.id)
-                settled = False
-        if settled:
-            self._unsettled.get(post.channel_id, {}).pop(post.id, None)
-        else:
-            self._retry_later(client, lease, post)
-
-    def _retry_later(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
-        """Try a failed post again while the socket stays up (no catch-up would come), a few
-        times with growing delays; the next catch-up still starts before it after that."""
-        channel = self._unsettled.setdefault(post.channel_id, {})
-        _, attempts = channel.get(post.id, (post.create_at, 0))
-        channel[post.id] = (post.create_at, attempts + 1)
-        if len(channel) > MAX_UNSETTLED:  # bounded: forget the newest, the oldest stays the start
-            del channel[max(channel, key=lambda pid: channel[pid][0])]
-        if attempts >= RETRY_ATTEMPTS or post.id not in channel:
-            return
-
-        async def later() -> None:
-            await asyncio.sleep(min(self.config.backoff_max,
-                                    self.config.backoff_initial * 2 ** attempts))
-            self._spawn_post(client, lease, post)
-
-        self._spawn(later())
 
     async def _drain(self) -> None:
         """Let posts in flight finish (bounded), then cancel what is left."""
@@ -331,17 +298,16 @@ class Listener:
         return (post.user_id != self.bot_user_id and not post.type.startswith("system_")
                 and not post.delete_at and bool(post.message.strip()))
 
-    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> bool:
-        """Make one post durable; False when its intake failed, so it must be tried again."""
+    async def _process(self, client: MattermostClient, lease: leases.Lease, post: Post) -> None:
+        """Make one post durable; raises when its intake failed (it is tried again)."""
         seen = self._last_seen.get(post.channel_id, 0)
         self._last_seen[post.channel_id] = max(seen, post.create_at)
         if not self._wanted(post):
-            return True
+            return
         if not lease.locally_valid():
-            return True  # no longer ours to take in: the successor's catch-up reads it
+            return  # no longer ours to take in: the successor's catch-up reads it
         post = dataclasses.replace(post, user_name=await self._user_name(client, post))
         await self.accept(post)
-        return True
 
     async def _user_name(self, client: MattermostClient, post: Post) -> str:
         """The author's username (cached per process); the id when the lookup fails."""
