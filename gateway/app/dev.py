@@ -33,7 +33,8 @@ UNIX_PATH_MAX = 100  # sun_path is 108 bytes; leave room
 def _load_secrets(path: Path) -> dict[str, str]:
     data: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
     changed = False
-    for name in ("durable_password", "cache_password", "admin_token", "jwt_secret"):
+    for name in ("durable_password", "cache_password", "postgres_password", "admin_token",
+                 "jwt_secret"):
         if name not in data:
             data[name] = embedded.new_password()
             changed = True
@@ -74,7 +75,8 @@ def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], di
             servers.append(server)
             changes["cache_url"] = server.url
         if not settings.database_url:
-            pg = embedded.PostgresServer(root / "postgres" / "data").start()
+            pg = embedded.PostgresServer(root / "postgres" / "data",
+                                         password=found["postgres_password"]).start()
             servers.append(pg)
             changes["database_url"] = pg.url
     except BaseException:

@@ -245,6 +245,10 @@ class PostgresServer:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     database: str = "postgres"
+    # Set (``gateway dev``): logins over TCP need it (scram-sha-256), and the unix socket
+    # admits only its owner, so another local user cannot connect as the superuser. Unset
+    # (the tests' servers): trust, as before.
+    password: str | None = None
 
     @property
     def socket_dir(self) -> Path:
@@ -256,7 +260,8 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
+        user = f"postgres:{quote(self.password, safe='')}" if self.password else "postgres"
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{self.database}"
 
     @property
     def log_path(self) -> Path:
@@ -304,13 +309,18 @@ class PostgresServer:
             self._chown(ids, self.data_dir)
         if self.port == 0:
             self.port = free_port()
+        locked: list[str] = []
+        if self.password:
+            (self.data_dir / "pg_hba.conf").write_text(_PASSWORD_HBA)
+            self._chown(ids, self.data_dir)
+            locked = ["-c", "unix_socket_permissions=0700"]
         log = self.log_path.open("ab")
         if ids:
             os.chown(self.log_path, ids["user"], ids["group"])
         self.proc = subprocess.Popen(
             [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
              "-k", str(self.socket_dir), "-c", "listen_addresses=127.0.0.1",
-             "-c", "fsync=on", "-c", "max_connections=200"],
+             "-c", "fsync=on", "-c", "max_connections=200", *locked],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent, user=ids.get("user"), group=ids.get("group"),
         )
@@ -319,12 +329,35 @@ class PostgresServer:
                    "-U", "postgres"]
         wait_until(lambda: _tcp_open(self.port) and subprocess.run(isready).returncode == 0,
                    timeout, "embedded PostgreSQL", self.proc, self.log_path)
+        if self.password:
+            self._set_password(bin_dir)
         return self
+
+    def _set_password(self, bin_dir: Path) -> None:
+        """The superuser's password, over the owner-only socket (on every start: a data
+        directory made before passwords, or a new password, is brought in line)."""
+        literal = self.password.replace("'", "''") if self.password else ""
+        result = subprocess.run(
+            [str(bin_dir / "psql"), "-h", str(self.socket_dir), "-p", str(self.port),
+             "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q"],
+            input=f"ALTER ROLE postgres PASSWORD '{literal}';".encode(),
+            capture_output=True, preexec_fn=_die_with_parent)
+        if result.returncode != 0:
+            raise EmbeddedError("setting the PostgreSQL password failed: "
+                                f"{result.stderr.decode(errors='replace')[:500]}")
 
     def stop(self, timeout: float = 30.0) -> None:
         # SIGINT is PostgreSQL's "fast" shutdown: roll back clients, checkpoint, exit.
         _terminate(self.proc, signal.SIGINT, timeout)
         self.proc = None
+
+
+# With a password: TCP logins need it; the socket (owner-only, unix_socket_permissions)
+# trusts the process that owns the server, which sets the password through it.
+_PASSWORD_HBA = """local all all trust
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
 
 
 def _tcp_open(port: int) -> bool:

@@ -83,11 +83,13 @@ def _durable(root: Path) -> redis.Redis:
 
 def _installation_id(root: Path) -> str:
     port = (root / "postgres" / "data" / "postmaster.pid").read_text().splitlines()[3]
+    password = json.loads((root / "secrets.json").read_text())["postgres_password"]
+    url = f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"  # it has one now
     result = subprocess.run(
         [sys.executable, "-c",
          "import asyncio, asyncpg, sys\n"
          "async def m():\n"
-         f"    c = await asyncpg.connect('postgresql://postgres@127.0.0.1:{port}/postgres')\n"
+         f"    c = await asyncpg.connect({url!r})\n"
          "    print(await c.fetchval('SELECT instance_id FROM gateway_installation'))\n"
          "asyncio.run(m())"], capture_output=True, text=True, check=True, timeout=30)
     return result.stdout.strip()
