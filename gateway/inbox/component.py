@@ -63,15 +63,23 @@ class PlatformInbox:
 
     def run_with(self, app: web.Application, ready: asyncio.Event | None = None) -> None:
         """Run the consumer while the app runs, from when ``ready`` is set (the adapter can
-        send); at shutdown it finishes or gives back what it holds."""
-        async def consume(stop: asyncio.Event) -> None:
+        send); at shutdown it finishes or gives back what it holds. It is told to stop as
+        the app's shutdown begins (``on_shutdown``), so every platform's consumer drains at
+        the same time as the others and as the requests in flight, not one after another in
+        the cleanup."""
+        stop = asyncio.Event()
+
+        async def consume() -> None:
             if ready is not None:
                 await _first_set(ready, stop)
             await self.consumer.run(stop)
 
+        async def stopping(app: web.Application) -> None:
+            stop.set()
+
         async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-            stop = asyncio.Event()
-            task = asyncio.create_task(consume(stop))
+            stop.clear()
+            task = asyncio.create_task(consume())
             yield
             stop.set()
             with contextlib.suppress(TimeoutError):
@@ -81,6 +89,7 @@ class PlatformInbox:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+        app.on_shutdown.append(stopping)
         app.cleanup_ctx.append(lifecycle)
 
 

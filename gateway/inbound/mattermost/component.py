@@ -154,8 +154,13 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     add_readiness_check(app, "mattermost-listener", health.readiness_check(runtime),
                         required=False)
 
+    stop = asyncio.Event()
+
+    async def stopping(app: web.Application) -> None:  # beside the consumers' drains
+        stop.set()
+
     async def run_listener(app: web.Application) -> AsyncIterator[None]:
-        stop = asyncio.Event()
+        stop.clear()
         async with bot.session():
             task = asyncio.create_task(bot.listener.run(stop))
             yield
@@ -164,5 +169,6 @@ def setup(app: web.Application, runtime: Runtime) -> None:
                 async with asyncio.timeout(bot.config.drain_seconds + 5):
                     await task
 
+    app.on_shutdown.append(stopping)
     app.cleanup_ctx.append(run_listener)
     bot.inbox.run_with(app, bot.ready)  # stopped before the session above closes
