@@ -82,6 +82,8 @@ class TokenVerifier:
         return principal
 
     async def _verify(self, token: str) -> Principal:
+        if not token.isascii():  # a JWT is ASCII; bytes that are not UTF-8 arrive as surrogates
+            raise InvalidToken("not a JWT")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:

@@ -47,6 +47,8 @@ def parse_json_text(body: bytes) -> tuple[str, Any]:
                              f"column {exc.colno}") from None
     except RecursionError:
         raise MalformedError(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise MalformedError("body has a number with too many digits") from None
     # Cheap guards first: without enough brackets no nesting can be too deep, and only
     # escapes can smuggle in what PostgreSQL refuses; the walks are skipped otherwise.
     if text.count("[") + text.count("{") > MAX_DEPTH:

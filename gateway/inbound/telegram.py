@@ -137,7 +137,9 @@ class TelegramBot:
         ip = await self.guard.admit(request)
         secret = self.settings.telegram_webhook_secret
         offered = request.headers.get(SECRET_HEADER, "")
-        if not secret or not hmac.compare_digest(offered.encode(), secret.get().encode()):
+        # Header bytes that are not UTF-8 arrive as surrogate escapes: compare the bytes sent.
+        if not secret or not hmac.compare_digest(offered.encode("utf-8", "surrogateescape"),
+                                                 secret.get().encode()):
             raise await self.guard.refuse(
                 ip, ApiError(403, "forbidden", f"missing or wrong {SECRET_HEADER}"))
         try:

@@ -63,6 +63,10 @@ def _text(body: dict[str, Any], name: str, *, required: bool = True) -> str | No
         return None
     if not isinstance(value, str) or not value or len(value) > 4096:
         raise ApiError(400, "bad_request", f"{name} must be a non-empty string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate escape (\ud800-\udfff)
+        raise ApiError(400, "bad_request", f"{name} must be valid Unicode text") from None
     return value
 
 

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import bisect
 import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -337,3 +338,23 @@ async def test_maintenance_refuses_updates_until_it_ends(
 
 async def _status_is(client: TestClient[Any, Any], update: dict[str, Any], status: int) -> bool:
     return await post(client, update) == status
+
+
+async def test_a_secret_header_that_is_not_ascii_is_a_counted_403(
+        start_bot: Callable[..., Any], runtime: Runtime,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Once an unhandled 500 that the barrier never counted (issue 24 point 8)."""
+    from gateway.security.brute import fail_key
+    from tests.web.test_malformed import raw, raw_request
+
+    client = await start_bot()
+    caplog.set_level(logging.INFO)
+    body = json.dumps(text_update("sneaky")).encode()
+    for value in (b"\xc3\xa9t\xc3\xa9", b"\xff\xfe", SECRET.encode() + b"\xff"):
+        status, _, answer = await raw_request(client, raw(
+            "POST", "/telegram/webhook", HEADER.encode() + b": " + value,
+            b"Content-Type: application/json",
+            f"Content-Length: {len(body)}".encode()) + body)
+        assert status == 403 and json.loads(answer)["error"] == "forbidden"
+    assert int(await runtime.durable.get(fail_key("127.0.0.1")) or 0) == 3
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
