@@ -14,7 +14,8 @@ refuse it. Callers see ``ChainFailed`` when nothing answered (the bot apologises
 ``OverBudget`` when a ``[budgets]`` limit is reached (checked once before the first attempt).
 A stream falls back only until its first delta: after that the words are in the chat, and a
 failure ends it with ``ChainFailed``. A stream ended early (by that failure, or by the caller
-closing it) is counted on an estimate of what was sent: the provider worked for it.
+closing it or cancelling the task that reads it) is counted on an estimate of what was sent:
+the provider worked for it.
 """
 
 from __future__ import annotations
@@ -189,9 +190,10 @@ class Chain:
                             async for delta in inner:
                                 sent.append(delta)
                                 yield delta
-                        except (GeneratorExit, ProviderError):
-                            if sent:  # ended early, by the caller or the provider: the
-                                # provider has worked for what it sent, so it is counted
+                        except (GeneratorExit, asyncio.CancelledError, ProviderError):
+                            if sent:  # ended early (closed or cancelled by the caller, or
+                                # by the provider): it has worked for what it sent, so it
+                                # is counted
                                 await self._settle(ticket, client, model, charge, Usage(
                                     estimate_messages(messages),
                                     estimate_tokens("".join(sent)), estimated=True))

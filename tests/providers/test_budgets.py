@@ -3,6 +3,8 @@ with ``OverBudget``, nothing reaching the provider; every call that ran is one r
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.providers import Chain, ChainFailed, Charge, OverBudget
@@ -101,3 +103,30 @@ async def test_a_stream_ended_early_is_counted_on_what_was_sent(
         "SELECT tokens_in, tokens_out, estimated FROM provider_usage ORDER BY id")
     # Estimates (4 characters a token, 4 a message): "alpha beta " and "alpha beta gamma ".
     assert [tuple(r) for r in rows] == [(9, 3, True), (9, 5, True)]
+
+
+async def test_a_stream_whose_reader_is_cancelled_is_counted_on_what_was_sent(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    """The task reading the stream is cancelled mid-reply (a chat given back at shutdown, a
+    reply interrupted): the words sent are still counted, so the chat's budget sees them."""
+    fake_openai.reply = "alpha beta gamma delta epsilon zeta"
+    fake_openai.chunk_delay = 0.2
+    chain = make_providers(("a", fake_openai)).chain(["a"])
+    seen: list[str] = []
+    two = asyncio.Event()
+
+    async def read() -> None:
+        async for delta in chain.stream_chat("m", HELLO, charge=Charge(chat="c")):
+            seen.append(delta)
+            if len(seen) == 2:
+                two.set()
+
+    reader = asyncio.create_task(read())
+    await asyncio.wait_for(two.wait(), 10)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert seen == ["alpha ", "beta "]
+    rows = await runtime.pg.fetch(
+        "SELECT chat_key, tokens_in, tokens_out, estimated FROM provider_usage")
+    assert [tuple(r) for r in rows] == [("c", 9, 3, True)]  # "alpha beta ", estimated
