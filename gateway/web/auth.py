@@ -1,5 +1,8 @@
 """``/v1/auth/...``: issuing and ending access tokens.
 
+While maintenance mode is on, issuing, refreshing and link codes answer 503 + ``Retry-After``
+(a restore would lose what they wrote); revocations still go through.
+
 - ``POST /v1/auth/token`` (``tokens:issue``): ``{"sub", "scope"?, "topics"?, "ttl"?}`` → an
   access token and the first refresh token of a new family; never wider than the issuer.
 - ``POST /v1/auth/refresh`` ``{"refresh_token"}`` → the next pair (the token is the
@@ -37,7 +40,7 @@ from gateway.api.spec import Answer, Operation, Param, array, integer, obj, one_
 from gateway.api.state import PUBLIC, TOPIC_GRANT, Principal, principal_of
 from gateway.conversations import links
 from gateway.inbound.http_intake import install as install_inbound
-from gateway.inbound.http_intake import read_body
+from gateway.inbound.http_intake import read_body, refuse_during_maintenance
 from gateway.keys import owner_namespace
 from gateway.ratelimit import Limiter
 from gateway.ratelimit.credential import CredentialRate
@@ -77,7 +80,9 @@ class AuthRoutes:
         authenticator = app[AUTHENTICATOR]  # create_app installs it before the components
         self.verifier = authenticator.tokens
         self.revocations = authenticator.revocations
-        self.barrier = install_inbound(app, runtime).barrier
+        inbound = install_inbound(app, runtime)
+        self.barrier = inbound.barrier
+        self.maintenance = inbound.maintenance  # a restore must not lose what is issued now
         self.max_ttl = max_token_seconds(settings)
         # bl: marks whose token's exp is unknown live this long: past any accepted token.
         self.longest = longest_life(settings)
@@ -94,6 +99,7 @@ class AuthRoutes:
 
     async def token(self, request: web.Request) -> web.Response:
         issuer, principal = self._issuing(), principal_of(request)
+        await refuse_during_maintenance(self.maintenance)
         body = await _body(request)
         sub = _text(body, "sub")
         assert sub is not None
@@ -129,6 +135,7 @@ class AuthRoutes:
         await self.barrier.check(ip)
         presented = _text(await _body(request), "refresh_token")
         assert presented is not None
+        await refuse_during_maintenance(self.maintenance)
         try:
             return web.json_response(await issuer.refresh(presented))
         except Refused as exc:
@@ -270,6 +277,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
 
     async def link_code(request: web.Request) -> web.Response:
         account = _account(request)
+        await refuse_during_maintenance(auth.maintenance)
         await code_rate.admit(owner_namespace(account))
         try:
             return web.json_response(await links.new_code(runtime.pg, account))

@@ -323,3 +323,37 @@ async def test_the_auth_routes_refuse_missing_and_insufficient_credentials(
     async with client.post("/v1/auth/refresh", json={"refresh_token": "grt_forged"},
                            headers=anonymous) as forged:
         assert forged.status == 401
+
+
+async def test_maintenance_refuses_issuing_refreshing_and_link_codes(
+        client: TestClient[Any, Any], runtime: Runtime) -> None:
+    """A restore would lose what these write: 503 + Retry-After while maintenance is on,
+    nothing written; revoking still works; all of it again once maintenance ends."""
+    from gateway.leases import maintenance
+
+    _, pair = await issue(client)
+    families = await runtime.pg.fetchval("SELECT count(*) FROM refresh_tokens")
+    await maintenance.switch_on(runtime.durable, "restore", seconds=120)
+
+    async def refused() -> bool:  # a probe that writes nothing either way (400 before)
+        async with client.post("/v1/auth/token", json={"sub": "m", "scope": "x"}) as response:
+            return response.status == 503
+    await wait_until(refused, timeout=3, message="maintenance seen")  # its refresh interval
+    answers = []
+    for method, path, body, headers in (
+            ("POST", "/v1/auth/token", {"sub": "alice"}, ADMIN),
+            ("POST", "/v1/auth/refresh", {"refresh_token": pair["refresh_token"]},
+             {"Authorization": ""}),
+            ("POST", "/v1/auth/link-code", {}, bearer(pair["access_token"]))):
+        async with client.request(method, path, json=body, headers=headers) as response:
+            answers.append((response.status, (await response.json())["error"],
+                            int(response.headers["Retry-After"]) > 0))
+    assert answers == [(503, "maintenance", True)] * 3
+    assert await runtime.pg.fetchval("SELECT count(*) FROM refresh_tokens") == families
+    assert await runtime.pg.fetchval("SELECT count(*) FROM link_codes") == 0
+    await maintenance.switch_off(runtime.durable)
+
+    async def issued() -> bool:
+        return (await issue(client))[0] == 200
+    await wait_until(issued, timeout=3, message="maintenance over")
+    assert (await refresh(client, pair["refresh_token"]))[0] == 200
