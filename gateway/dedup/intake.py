@@ -31,13 +31,14 @@ from redis.exceptions import NoScriptError
 
 from gateway.dedup import claims
 from gateway.pipeline import metrics
-from gateway.pipeline.queue import Quota, add_call
+from gateway.pipeline.queue import AdmissionClass, Quota, add_call
 from gateway.pipeline.scripts import scripts_for
 from gateway.stores.coalesce import AutoPipeline
 
 log = logging.getLogger("gateway.intake")
-# The add scripts' refusals (nothing written): the guard key exists; the owner's quota is full.
-GUARDED, OVER_QUOTA = -1, -3
+# The add scripts' refusals (nothing written): the guard key exists; the owner's quota is
+# full; the items held would pass the admission class's limit.
+GUARDED, OVER_QUOTA, OVER_CLASS = -1, -3, -4
 # Claim tokens only need to be unique: a random per-process prefix and a counter are.
 _TOKEN_PREFIX = secrets.token_hex(6)
 _counter = itertools.count(1)
@@ -48,6 +49,10 @@ class Intake(enum.Enum):
     DUPLICATE = "duplicate"
     REFUSED = "refused"  # the guard key existed: nothing was written
     OVER_QUOTA = "over_quota"  # the owner holds its quota of items or bytes: nothing written
+    OVER_CLASS = "over_class"  # the pipeline holds its class's share of memory: nothing written
+
+
+_REFUSALS = {OVER_QUOTA: Intake.OVER_QUOTA, OVER_CLASS: Intake.OVER_CLASS}
 
 
 class Intaker:
@@ -71,14 +76,16 @@ class Intaker:
     async def submit(self, claim_key: str | None, item_id: str,
                      document: dict[str, Any] | str, *,
                      priority: str = "normal", doc_type: str = "other",
-                     guard: str | None = None, quota: Quota | None = None) -> Intake:
+                     guard: str | None = None, quota: Quota | None = None,
+                     admission: AdmissionClass | None = None) -> Intake:
         """Claim ``claim_key`` (None: no claim, e.g. a job without job_id) and enqueue
         ``document`` (a dict, or its JSON already encoded), unless the key ``guard`` exists
         (then ``REFUSED``, nothing written). On a single instance the guard is read inside
         the same script; on a cluster, where it lives in another slot, by one command
         before."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type,
-                                      window=self._window_arg, quota=quota)
+                                      window=self._window_arg, quota=quota,
+                                      admission=admission)
         if self.atomic and (claim_key is not None or guard is not None):
             if claim_key is None:
                 added = await self.auto.run_script(self._guard_add, [*add_keys, str(guard)],
@@ -99,7 +106,7 @@ class Intaker:
             return Intake.ACCEPTED
         if added == 0:
             return Intake.DUPLICATE
-        return Intake.OVER_QUOTA if added == OVER_QUOTA else Intake.REFUSED
+        return _REFUSALS.get(added, Intake.REFUSED)
 
     async def _claim_then_add(self, claim_key: str | None, add_keys: list[str],
                               add_args: list[str]) -> Any:
@@ -121,7 +128,7 @@ class Intaker:
             if won:
                 await self._release(claim_key, token)
             raise added
-        if int(added) < 0:  # over quota: nothing enqueued, so no claim may stay either
+        if int(added) < 0:  # over a quota or limit: nothing enqueued, so no claim may stay
             if won:
                 await self._release(claim_key, token)
             return added

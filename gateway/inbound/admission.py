@@ -4,9 +4,16 @@ Jobs are refused first (``[admission] jobs`` = 0.70 of ``maxmemory``), signed we
 (``webhooks`` = 0.85); chat platform events are never refused here, only by the instance
 being full. A client that floods jobs therefore cannot take the memory the bots' users and
 the webhook senders need. Refusals are 503 + ``Retry-After`` (the sender retries once workers
-drain the queues). The ratio is read at most every ``REFRESH_SECONDS`` per process (one
-``INFO memory``; on a cluster every primary, the fullest counts); a failed read keeps the
-last value, and without ``maxmemory`` nothing is refused here.
+drain the queues).
+
+Two checks, both needed. *Exact*: the pipeline's ADD counts what the items of every class
+hold (``q:{pipeline}:held``, an estimate of their memory) in the same call that enqueues, and
+refuses an item when everything held would pass its class's fraction of ``maxmemory``
+(``AdmissionClass``), so no burst, however concurrent, passes a threshold. *Coarse*: the
+instance's own ``used_memory / maxmemory``, read at most every ``REFRESH_SECONDS`` per process
+(one ``INFO memory``; on a cluster every primary, the fullest counts), catches memory the
+pipeline does not hold (inboxes, claims, buffers); a failed read keeps the last value. Without
+``maxmemory`` nothing is refused here.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
+from gateway.pipeline.queue import AdmissionClass
 from gateway.stores.redis import AnyRedis
 from gateway.stores.refreshed import Refreshed
 
@@ -32,6 +40,9 @@ class Admission:
             if not 0 < value <= 1:
                 raise ValueError(f"[admission] {cls} must be a fraction in (0, 1]")
         self._ratio: Refreshed[float | None] = Refreshed(self._read, None, REFRESH_SECONDS)
+        # The smallest maxmemory of the instance's primaries, from the last read (None:
+        # unbounded, or not read yet); the classes' limits and scaled quotas follow it.
+        self.maxmemory: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -42,15 +53,19 @@ class Admission:
                   if isinstance(self.durable, RedisCluster) else {})
         info: Any = await self.durable.info("memory", **kwargs)
         nodes = [info] if "used_memory" in info else list(info.values())
-        ratios = [int(n["used_memory"]) / int(n["maxmemory"]) for n in nodes
-                  if isinstance(n, dict) and int(n.get("maxmemory") or 0) > 0]
+        bounded = [n for n in nodes if isinstance(n, dict) and int(n.get("maxmemory") or 0) > 0]
+        self.maxmemory = min(int(n["maxmemory"]) for n in bounded) if bounded else None
+        ratios = [int(n["used_memory"]) / int(n["maxmemory"]) for n in bounded]
         return max(ratios) if ratios else None
 
     async def current(self) -> float | None:
         """The durable instance's ``used_memory / maxmemory`` (None: unbounded)."""
         return await self._ratio.get()
 
-    async def admit(self, cls: str) -> None:
+    async def admit(self, cls: str) -> AdmissionClass:
+        """The coarse check (503 past the class's threshold of the instance's memory), then
+        what ADD needs for the exact one: the class, and its limit of what the pipeline may
+        hold (``threshold * maxmemory``; 0, counted only, without maxmemory)."""
         ratio = await self.current()
         threshold = self.thresholds[cls]
         if ratio is not None and ratio >= threshold:
@@ -58,6 +73,7 @@ class Admission:
                            f"redis-durable is {ratio:.0%} full: {cls} are refused above "
                            f"{threshold:.0%} until the queues drain",
                            {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return AdmissionClass(cls, int(threshold * self.maxmemory) if self.maxmemory else 0)
 
     async def state(self) -> dict[str, Any]:
         """For the dashboard: how full, and which classes are refused now."""
@@ -75,3 +91,4 @@ class Admission:
         closed = [cls for cls, threshold in self.thresholds.items() if ratio >= threshold]
         state = f"closed for {', '.join(closed)}" if closed else "open"
         return not closed, f"redis-durable {ratio:.0%} full; admission {state}"
+

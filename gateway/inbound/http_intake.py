@@ -11,7 +11,7 @@ from json.encoder import encode_basestring_ascii as _quote  # C, no encoder set-
 
 from aiohttp import web
 
-from gateway.api.errors import ApiError
+from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError
 from gateway.api.spec import Answer, obj, one_of, string
 from gateway.api.state import add_readiness_check
 from gateway.config import Settings
@@ -19,6 +19,7 @@ from gateway.dedup.intake import Intake, Intaker
 from gateway.inbound import quotas
 from gateway.inbound.admission import Admission
 from gateway.leases.maintenance import MaintenanceView, view_for
+from gateway.pipeline.queue import AdmissionClass
 from gateway.security.brute import BruteBarrier, BruteSettings
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime, durable_pipeline
@@ -109,23 +110,28 @@ async def read_body(request: web.Request) -> bytes:
     return b"".join(chunks)
 
 
-async def admitted_or_known(inbound: Inbound, cls: str, claim_key: str | None) -> bool:
-    """Admission for ``cls``; while it is closed, a delivery already taken in (its claim is
-    there) is still known: False then, and the caller answers it ``duplicate``, so a sender
-    stops retrying what is safe. Anything else refused is the 503 of admission."""
+async def admitted_or_known(inbound: Inbound, cls: str,
+                            claim_key: str | None) -> AdmissionClass | None:
+    """Admission for ``cls`` (what ADD needs for the exact check); while it is closed, a
+    delivery already taken in (its claim is there) is still known: None then, and the caller
+    answers it ``duplicate``, so a sender stops retrying what is safe. Anything else refused
+    is the 503 of admission."""
     try:
-        await inbound.admission.admit(cls)
+        return await inbound.admission.admit(cls)
     except ApiError:
         if claim_key is not None and int(await inbound.auto.execute("EXISTS", claim_key)):
-            return False
+            return None
         raise
-    return True
 
 
 def intake_answer(outcome: Intake, item_id: str) -> web.Response:
     """202 ``{"status": "accepted", "item_id"}`` or 200 ``{"status": "duplicate", ...}``,
     encoded without building a dict per request (this is the hot path of the ingest bench)."""
     answer = _ANSWERS.get(outcome)
+    if outcome is Intake.OVER_CLASS:
+        raise ApiError(503, "backpressure", "the pipeline holds its share of redis-durable's "
+                       "memory for this class of sender; retry once the queues drain",
+                       {"Retry-After": str(RETRY_AFTER_SECONDS)})
     if answer is None:  # over quota (a revoked credential's refusal is the route's to make)
         raise quotas.exceeded()
     status, head = answer

@@ -96,7 +96,7 @@ def parse_job(payload: Any) -> tuple[str | None, str, str, dict[str, Any]]:
 async def submit_job(request: web.Request) -> web.Response:
     inbound = request.app[INBOUND]
     await refuse_during_maintenance(inbound.maintenance)
-    await inbound.admission.admit("jobs")
+    admission = await inbound.admission.admit("jobs")
     require_json(request)
     try:
         job_id, priority, doc_type, document = parse_job(parse_json(await read_body(request)))
@@ -110,7 +110,8 @@ async def submit_job(request: web.Request) -> web.Response:
     outcome = await inbound.intaker.submit(
         keys.dedup_job(item_id) if job_id else None, item_id, document,
         priority=priority, doc_type=doc_type, guard=principal.revocation_mark,
-        quota=inbound.quotas.for_credential(principal.owner))
+        quota=inbound.quotas.for_credential(principal.owner, inbound.admission.maxmemory),
+        admission=admission)
     if outcome is Intake.REFUSED:  # the credential was revoked: nothing was written
         raise await request.app[REFUSE](request, "unknown or revoked API key")
     return intake_answer(outcome, item_id)

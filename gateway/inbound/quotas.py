@@ -7,8 +7,11 @@ the same call that enqueues): an item counts from its acceptance until it leaves
 pipeline (done or dead-lettered). Past either limit a submission is answered ``429
 quota_exceeded`` + ``Retry-After`` and nothing is written. The admin token has none.
 
-TOML ``[quotas]``: ``items_per_credential`` (10,000), ``bytes_per_credential`` (64 MiB),
-``items_per_source`` (50,000), ``bytes_per_source`` (128 MiB); 0 turns a limit off."""
+TOML ``[quotas]``: ``items_per_credential`` (10,000), ``bytes_per_credential``,
+``items_per_source`` (50,000), ``bytes_per_source``; 0 turns a limit off. The byte quotas
+scale with redis-durable's ``maxmemory`` when not set: a tenth of it per credential, a fifth
+per webhook source (64 and 128 MiB on a 640 MiB instance; those figures without
+``maxmemory``), so one sender never holds more than a slice of a small instance."""
 
 from __future__ import annotations
 
@@ -23,12 +26,17 @@ from gateway.pipeline.queue import Quota
 RETRY_SECONDS = 30  # items leave at the pipeline's pace, not in an instant
 
 
+# Unset byte quotas: this share of maxmemory, or the fixed figure without one.
+CREDENTIAL_SHARE, SOURCE_SHARE = 0.10, 0.20
+UNBOUNDED_CREDENTIAL_BYTES, UNBOUNDED_SOURCE_BYTES = 64 * 2**20, 128 * 2**20
+
+
 @dataclass(frozen=True)
 class QuotaSettings:
     items_per_credential: int = 10_000
-    bytes_per_credential: int = 64 * 2**20
+    bytes_per_credential: int | None = None  # None: scaled with maxmemory
     items_per_source: int = 50_000
-    bytes_per_source: int = 128 * 2**20
+    bytes_per_source: int | None = None
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> QuotaSettings:
@@ -41,12 +49,21 @@ class QuotaSettings:
             values[name] = raw
         return cls(**values)
 
-    def for_credential(self, owner: str) -> Quota | None:
-        """The quota of a credential's namespace (None for the admin's, or when off)."""
-        return _quota(owner, self.items_per_credential, self.bytes_per_credential)
+    def for_credential(self, owner: str, maxmemory: int | None = None) -> Quota | None:
+        """The quota of a credential's namespace (None for the admin's, or when off), its
+        bytes scaled with ``maxmemory`` unless set."""
+        return _quota(owner, self.items_per_credential, _bytes(
+            self.bytes_per_credential, CREDENTIAL_SHARE, UNBOUNDED_CREDENTIAL_BYTES, maxmemory))
 
-    def for_source(self, source: str) -> Quota | None:
-        return _quota(f"src.{source}", self.items_per_source, self.bytes_per_source)
+    def for_source(self, source: str, maxmemory: int | None = None) -> Quota | None:
+        return _quota(f"src.{source}", self.items_per_source, _bytes(
+            self.bytes_per_source, SOURCE_SHARE, UNBOUNDED_SOURCE_BYTES, maxmemory))
+
+
+def _bytes(configured: int | None, share: float, unbounded: int, maxmemory: int | None) -> int:
+    if configured is not None:
+        return configured
+    return max(1, int(share * maxmemory)) if maxmemory else unbounded
 
 
 def _quota(owner: str, items: int, size: int) -> Quota | None:

@@ -104,15 +104,17 @@ async def receive(request: web.Request) -> web.Response:
         policy.check_fresh(request.headers.get("X-GitHub-Event"), verified.value, time.time())
     item_id = item_id_for(verified.source, verified.delivery_id)
     claim_key = keys.dedup_webhook(verified.source, verified.delivery_id)
-    if not await admitted_or_known(inbound, "webhooks", claim_key):
+    admission = await admitted_or_known(inbound, "webhooks", claim_key)
+    if admission is None:
         return intake_answer(Intake.DUPLICATE, item_id)
     if policy.window:
         first = await guard.first_delivery(verified.source, verified.body,
                                            verified.delivery_id, policy.window)
         if first != verified.delivery_id:  # the same signed body under a fresh delivery id
             return intake_answer(Intake.DUPLICATE, item_id_for(verified.source, first))
-    outcome = await inbound.intaker.submit(claim_key, item_id, verified.payload,
-                                           quota=inbound.quotas.for_source(verified.source))
+    outcome = await inbound.intaker.submit(
+        claim_key, item_id, verified.payload, admission=admission,
+        quota=inbound.quotas.for_source(verified.source, inbound.admission.maxmemory))
     return intake_answer(outcome, item_id)
 
 

@@ -14,6 +14,7 @@ from gateway.pipeline.stages import (
     EPOCH_MS,
     check_stage,
     dead_key,
+    held_key,
     meta_key,
     ready_keys,
     stats_key,
@@ -66,7 +67,7 @@ async def purge(runtime: Any, stage: str, count: int = MAX_BATCH) -> int:
             [(p["item_id"], stage, p.get("reason"), p,
               json.loads(doc) if doc else None) for p, doc in zip(parsed, payloads, strict=True)])
     return int(await scripts_for(durable).purge(
-        keys=[dead_key(stage), meta_key()], args=entries))
+        keys=[dead_key(stage), meta_key(), held_key()], args=entries))
 
 
 async def _main(args: argparse.Namespace, settings: Settings) -> int:

@@ -27,6 +27,7 @@ from gateway.pipeline.stages import (
     dead_key,
     deadline_key,
     delayed_key,
+    held_key,
     inflight_key,
     meta_key,
     next_stage,
@@ -86,6 +87,16 @@ _ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
              for t, bonus in TYPE_BONUS.items()}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 _NO_QUOTA_ARGS = ("0", "0")
+_NO_CLASS_ARGS = ("", "0")
+
+
+@dataclass(frozen=True)
+class AdmissionClass:
+    """Counts an item in the held bytes of admission class ``name``; ADD refuses it (-4)
+    when everything held would then pass ``limit`` bytes of cost (0: counted only)."""
+
+    name: str
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -98,22 +109,24 @@ class Quota:
 
 
 _NO_QUOTA_KEY = quota_key("")
+_HELD_KEY = held_key()
 
 
 def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str = "normal",
              doc_type: str = "other", *, stage: str = "store", force: bool = False,
-             window: str = _WINDOW_ARG, quota: Quota | None = None
-             ) -> tuple[list[str], list[str]]:
+             window: str = _WINDOW_ARG, quota: Quota | None = None,
+             admission: AdmissionClass | None = None) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``.
     ``window`` is the dedup window in milliseconds, as text (the inbound routes pass
     ``GATEWAY_DEDUP_TTL``'s, so the claim and ADD agree); ``quota``: refused (-3) when the
-    owner's items in the pipeline would pass it."""
+    owner's items in the pipeline would pass it; ``admission``: counted in its class's held
+    bytes, refused (-4) past the class's limit."""
     if not item_id or not isinstance(item_id, str):
         raise ValueError("item_id must be a non-empty string")
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
         keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type],
-                quota_key(quota.owner) if quota else _NO_QUOTA_KEY]
+                quota_key(quota.owner) if quota else _NO_QUOTA_KEY, _HELD_KEY]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
@@ -126,7 +139,8 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
         payload = _ENCODE(document)
     args = [item_id, payload, base, bonus, window, "1" if force else "0", stage,
             _EPOCH_ARG, _TRIM_ARG, *((str(quota.items), str(quota.bytes)) if quota
-                                     else _NO_QUOTA_ARGS)]
+                                     else _NO_QUOTA_ARGS),
+            *((admission.name, str(admission.limit)) if admission else _NO_CLASS_ARGS)]
     return keys, args
 
 
@@ -210,6 +224,8 @@ def complete_call(stage: str, item_id: str, token: str,
     if after:
         keys.append(stats_key(after))
         keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
+    else:  # the item leaves the pipeline: its admission class gets its bytes back
+        keys.append(_HELD_KEY)
     # The payload stays with the item until it leaves the pipeline, not only until its store
     # stage: after PostgreSQL is restored from a backup older than that stage, ``recover
     # --reset`` can still run the stage again (the restored database lost its document).

@@ -53,6 +53,13 @@ def quota_key(owner: str) -> str:
     return keys.q("quota", owner or "-")
 
 
+def held_key() -> str:
+    """HASH item -> "<admission class>|<cost>" of every item accepted with a class, and the
+    sums "bytes <class>" and "bytes *": what admission by class counts (ADD takes, the last
+    COMPLETE and PURGE give back)."""
+    return keys.q("held")
+
+
 def meta_key() -> str:
     """HASH item -> "stage|status|base|bonus|failures|reclaims|payload" for every item in
     flight; payload = the document JSON until the store stage has persisted it, then ''."""

@@ -37,6 +37,11 @@ from gateway import keys
 from gateway.stores.redis import REDIS_TIMEOUT_SECONDS, AnyRedis
 
 log = logging.getLogger("gateway.coalesce")
+# A flush stops taking callers past this many bytes (the first caller always goes): the
+# server holds a flush in its query buffer, which counts in used_memory, so eight hundred
+# concurrent 1 MB jobs sent as one write would take the instance to maxmemory for a moment
+# and every write of that moment would be refused.
+MAX_BATCH_BYTES = 2 * 2**20
 Command = Sequence[Any]
 # A caller's commands, packed as RESP, and the future of its replies (None: not awaited).
 Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
@@ -44,6 +49,7 @@ Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
 
 class AutoPipeline:
     def __init__(self, redis: AnyRedis, *, max_batch: int = 1024,
+                 max_batch_bytes: int = MAX_BATCH_BYTES,
                  flush_timeout: float = REDIS_TIMEOUT_SECONDS + 2.0,
                  wait_aof: bool = False) -> None:
         """``wait_aof``: every flush ends with ``WAITAOF 1 0``, and its callers are answered
@@ -56,6 +62,7 @@ class AutoPipeline:
         # a few µs, on every request of the ingest path. Callers read it too.
         self.cluster = isinstance(redis, RedisCluster)
         self.max_batch = max_batch
+        self.max_batch_bytes = max_batch_bytes
         self.flush_timeout = flush_timeout
         self._pending: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -119,6 +126,8 @@ class AutoPipeline:
         try:
             while self._pending:
                 taken = self._take()
+                if not taken:  # every caller gave up
+                    continue
                 try:
                     replies = await self._send(taken)
                 except Exception as exc:
@@ -144,10 +153,14 @@ class AutoPipeline:
                       RedisConnectionError("the command coalescer stopped before the reply"))
 
     def _take(self) -> list[Pending]:
-        count = 0
-        for index, (commands, _, _) in enumerate(self._pending):
+        # A caller that gave up before its commands went out (its request's budget ran out:
+        # it was answered 503) is dropped: what it was told stays true.
+        self._pending = [p for p in self._pending if p[2] is None or not p[2].cancelled()]
+        count = size = 0
+        for index, (commands, packed, _) in enumerate(self._pending):
             count += len(commands)
-            if count >= self.max_batch:
+            size += len(packed)
+            if count >= self.max_batch or size >= self.max_batch_bytes:
                 taken = self._pending[: index + 1]
                 del self._pending[: index + 1]
                 return taken

@@ -1,11 +1,15 @@
 -- ADD: enqueue an item into a stage unless it was seen within the dedup window, and within
 -- its owner's quota.
 -- KEYS: seen bucket (hash item -> first seen ms), meta, stats(stage), the stage's ready list
---       of the item's class, the owner's quota hash (item -> payload bytes, '~bytes' -> sum)
+--       of the item's class, the owner's quota hash (item -> payload bytes, '~bytes' -> sum),
+--       the held hash (admission by class, see the prelude)
 -- ARGV: item, payload ('' = none), base, bonus, window_ms, force(0|1), stage, epoch_ms,
---       trim_sample, quota_items, quota_bytes (0 and 0: no quota, the hash is not touched)
+--       trim_sample, quota_items, quota_bytes (0 and 0: no quota, the hash is not touched),
+--       admission class ('' = none: not counted), the class's limit of everything held
+--       (bytes of cost, 0 = none)
 -- force=1 (recover, requeue) skips the seen check but never duplicates a present item.
--- Returns 1 when enqueued, 0 when a duplicate, -3 when over the owner's quota.
+-- Returns 1 when enqueued, 0 when a duplicate, -3 when over the owner's quota, -4 when the
+-- items held would pass the class's limit.
 local item = ARGV[1]
 local now = now_ms()
 local expired_at = now - tonumber(ARGV[5])  -- first seen at or before this: outside the window
@@ -22,11 +26,20 @@ if first and tonumber(first) <= expired_at then
 end
 if ARGV[6] ~= '1' and first then return 0 end
 if redis.call('HEXISTS', KEYS[2], item) == 1 then return 0 end
+local class = ARGV[12] or ''
+local cost = item_cost(#ARGV[2])
+if class ~= '' then
+  local limit = tonumber(ARGV[13])
+  if limit > 0 and tonumber(redis.call('HGET', KEYS[6], HELD_ALL) or '0') + cost > limit then
+    return -4
+  end
+end
 local max_items, max_bytes = tonumber(ARGV[10]), tonumber(ARGV[11])
 if (max_items > 0 or max_bytes > 0)
     and not quota_take(KEYS[5], KEYS[2], item, #ARGV[2], max_items, max_bytes) then
   return -3
 end
+if class ~= '' then held_take(KEYS[6], class, item, cost, 0) end
 if not first then redis.call('HSET', KEYS[1], item, now) end
 local m = {stage = ARGV[7], status = 'q', base = tonumber(ARGV[3]), bonus = tonumber(ARGV[4]),
            failures = 0, reclaims = 0, priority = tonumber(ARGV[3]), payload = ARGV[2]}

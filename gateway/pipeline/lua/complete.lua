@@ -1,6 +1,7 @@
 -- COMPLETE: the token holder finished the stage; move the item into the next stage.
--- KEYS: lease, deadline, meta, stats, [next stats, the next stage's ready list of the item's
---       class, or all of its ready lists]
+-- KEYS: lease, deadline, meta, stats, then either [next stats, the next stage's ready list of
+--       the item's class, or all of its ready lists] or, at the last stage, [held] (the item
+--       leaves the pipeline: its admission class gets its cost back)
 -- ARGV: item, token, next_stage ('' = final), epoch_ms, drop_payload(0|1)
 -- Returns 1, or -1 (no lease) / -2 (another token holds it).
 local item = ARGV[1]
@@ -16,6 +17,7 @@ redis.call('ZREM', KEYS[2], item)
 redis.call('HINCRBY', KEYS[4], 'completed', 1)
 if not m then
   redis.call('HDEL', KEYS[3], item)
+  if KEYS[5] then held_release(KEYS[5], item) end
   return 1
 end
 m.stage = ARGV[3]

@@ -162,3 +162,40 @@ local function quota_take(quota, meta, item, size, max_items, max_bytes)
   redis.call('HINCRBY', quota, QUOTA_BYTES, size)
   return true
 end
+
+-- Admission by class: the held hash (one key, q:{pipeline}:held) maps each item accepted with
+-- a class to "<class>|<cost>", with each class's sum under "bytes <class>" and all classes'
+-- under "bytes *" (field names with a space: no item id has one). The cost estimates what the
+-- item takes of the instance's memory: its payload rounded up to the allocator's size class
+-- (jemalloc: four classes per doubling) plus ITEM_OVERHEAD for its meta field, ready entry,
+-- seen entry, claim, quota and held entries. It is taken by ADD in the call that enqueues and
+-- given back by the scripts that remove the item's meta (the last COMPLETE, PURGE), so the
+-- sums are exact under any concurrency.
+local ITEM_OVERHEAD, HELD_ALL = 512, 'bytes *'
+local function item_cost(size)
+  local step = 16
+  while step * 8 < size do step = step * 2 end
+  return math.ceil(size / step) * step + ITEM_OVERHEAD
+end
+
+-- Takes `cost` for `item` under `class` and answers true, or answers false (nothing written)
+-- when everything held would pass `limit` (0: no limit, only counted).
+-- The item leaves the pipeline: its class gets its cost back (nothing when it had none).
+local function held_release(held, item)
+  local entry = redis.call('HGET', held, item)
+  if not entry then return end
+  local class, cost = string.match(entry, '^(.*)|(%d+)$')
+  redis.call('HDEL', held, item)
+  redis.call('HINCRBY', held, 'bytes ' .. class, -tonumber(cost))
+  redis.call('HINCRBY', held, HELD_ALL, -tonumber(cost))
+end
+
+local function held_take(held, class, item, cost, limit)
+  local total = tonumber(redis.call('HGET', held, HELD_ALL) or '0')
+  if limit > 0 and total + cost > limit then return false end
+  held_release(held, item)  -- an entry left by an earlier run of the id is not counted twice
+  redis.call('HSET', held, item, class .. '|' .. cost)
+  redis.call('HINCRBY', held, 'bytes ' .. class, cost)
+  redis.call('HINCRBY', held, HELD_ALL, cost)
+  return true
+end
