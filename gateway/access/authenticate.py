@@ -1,8 +1,9 @@
 """The credential check behind every route with a scope (``gateway.api.routes`` calls it):
 ``Authorization: Bearer <credential>`` (or ``?access_token=`` where the route allows it),
-then the admin token, an API key, or an access token; the scope the route needs; a 401
-counted against the client address (past the limit: 429 for a while, the admin token
-included), a 403 naming what is missing. Credentials never reach a log or an error body."""
+then the admin token (never from the URL), an API key, or an access token; the scope the
+route needs; a 401 counted against the client address (past the limit: 429 for a while,
+the admin token included), a 403 naming what is missing. Credentials never reach a log or an
+error body."""
 
 from __future__ import annotations
 
@@ -45,13 +46,14 @@ def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
 
 
-def bearer(request: web.Request, query_token: bool) -> str | None:
+def bearer(request: web.Request, query_token: bool) -> tuple[str | None, bool]:
+    """The credential, and whether it came in the URL (``?access_token=``)."""
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and presented.strip():
-        return presented.strip()
+        return presented.strip(), False
     if query_token:
-        return request.query.get("access_token") or None
-    return None
+        return request.query.get("access_token") or None, True
+    return None, False
 
 
 class Authenticator:
@@ -72,10 +74,14 @@ class Authenticator:
         ip = self.barrier.client_ip(request) if self.barrier else ""
         if self.barrier:
             await self.barrier.check(ip)  # a blocked address gets 429, whatever it presents
-        credential = bearer(request, query_token)
+        credential, in_url = bearer(request, query_token)
         if credential is None:
             raise await self._refuse(ip, "missing bearer credential")
         principal, reason = await self._identify(credential, checks_revocation)
+        if principal is not None and in_url and principal.is_admin:
+            # A URL ends up in proxy and browser logs: the admin token never travels there.
+            principal, reason = None, ("the admin token is refused in ?access_token=; send it "
+                                       "as Authorization: Bearer")
         if principal is None:
             raise await self._refuse(ip, reason)
         if not principal.allows(scope):
