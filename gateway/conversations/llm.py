@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from gateway import keys
 from gateway.config import ConfigError, Settings
 from gateway.conversations.handlers import Context, Reply, default_handler
-from gateway.conversations.model import chat_key
+from gateway.conversations.model import budget_key, chat_key
 from gateway.conversations.store import Message
 from gateway.providers import (
     Charge,
@@ -113,11 +113,10 @@ class LlmHandler:
         usage rows name it whether or not a per-account budget is configured), by the
         account's namespace, as the account's jobs are: one account for both."""
         incoming = ctx.incoming
-        key = chat_key(incoming)
         sub = await ctx.runtime.pg.fetchval(
             "SELECT sub FROM chat_links WHERE platform = $1 AND chat_key = $2"
-            " ORDER BY created_at LIMIT 1", incoming.platform, key)
-        return Charge(chat=f"{incoming.platform}:{key}",
+            " ORDER BY created_at LIMIT 1", incoming.platform, chat_key(incoming))
+        return Charge(chat=f"{incoming.platform}:{budget_key(incoming)}",
                       account=None if sub is None else keys.owner_namespace(sub))
 
     async def _reply(self, ctx: Context, messages: list[ChatMessage],

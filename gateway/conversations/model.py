@@ -57,6 +57,14 @@ def chat_key(incoming: Incoming) -> str:
     return f"{incoming.chat}/{incoming.thread or '-'}"
 
 
+def budget_key(incoming: Incoming) -> str:
+    """The chat a per-chat budget counts: the Telegram chat, the Slack or Mattermost
+    channel, its threads included (a new thread starts a conversation, not a budget)."""
+    if incoming.platform == "slack":
+        return f"{incoming.team or '-'}/{incoming.chat}"
+    return incoming.chat
+
+
 def pointer_key(incoming: Incoming) -> str:
     """The redis-cache key of the chat's active-conversation pointer (key registry)."""
     if incoming.platform == "telegram":

@@ -56,7 +56,9 @@ class Chat(abc.ABC):
     async def start(self, sections: dict[str, Any]) -> None: ...
 
     @abc.abstractmethod
-    async def say(self, text: str) -> None: ...
+    async def say(self, text: str, thread: str | None = None) -> None:
+        """A user's message, in ``thread`` (a Slack ``thread_ts``, a Mattermost root post id)
+        where the platform has threads."""
 
     @abc.abstractmethod
     def shown(self) -> list[list[str]]: ...
@@ -96,7 +98,8 @@ class TelegramChat(Chat):
             "gateway.inbound.telegram")
         await wait_until(app[TELEGRAM_BOT].ready.is_set, message="telegram bot ready")
 
-    async def say(self, text: str) -> None:
+    async def say(self, text: str, thread: str | None = None) -> None:
+        assert thread is None, "Telegram chats have no threads"
         async with self.client.post("/telegram/webhook",
                                     json=text_update(text, chat_id=self.chat_id),
                                     headers={"X-Telegram-Bot-Api-Secret-Token":
@@ -120,9 +123,9 @@ class SlackChat(Chat):
             slack_signing_secret=Secret(SLACK_SECRET), slack_api_url=self.fake.api_url),
             "gateway.inbound.slack")
 
-    async def say(self, text: str) -> None:
+    async def say(self, text: str, thread: str | None = None) -> None:
         body, headers = signed_json(SLACK_SECRET, event_callback(event_type="app_mention",
-                                                                 text=text))
+                                                                 text=text, thread_ts=thread))
         async with self.client.post("/slack/events", data=body, headers=headers) as response:
             assert response.status == 200, await response.text()
 
@@ -147,8 +150,8 @@ class MattermostChat(Chat):
         await self.stack.enter_async_context(running(rt, handler=None))
         await self.fake.wait_for_sockets()
 
-    async def say(self, text: str) -> None:
-        await self.fake.create_post(self.channel, text)
+    async def say(self, text: str, thread: str | None = None) -> None:
+        await self.fake.create_post(self.channel, text, root_id=thread or "")
 
     def shown(self) -> list[list[str]]:
         return self.fake.shown(self.channel)

@@ -136,6 +136,19 @@ async def test_over_budget_the_bot_says_so_and_calls_no_model(
     assert used >= 5
 
 
+@pytest.mark.parametrize("chat", ["slack", "mattermost"], indirect=True)
+async def test_a_new_thread_is_no_new_chat_budget(
+        chat: Chat, fake_openai: FakeOpenAI, runtime: Runtime) -> None:
+    """A thread is a conversation of its own, not a chat of its own: the channel's budget
+    spent, a message in a new thread is over it too."""
+    await chat.start(sections(("a", fake_openai), budgets={"daily_tokens_per_chat": 5}))
+    await chat.say("one two three four five six")
+    await chat.wait_for_text("echo: one two three four five six")
+    await chat.say("and again, in a thread", thread="1700000000.000100")
+    await chat.wait_for_text(OVER_BUDGET["chat"])
+    assert len(fake_openai.calls_to("chat")) == 1  # the thread's message called nothing
+
+
 def test_history_is_trimmed_newest_first() -> None:
     def message(seq: int, text: str) -> Message:
         return Message(1, seq, "user", text, None, None)
