@@ -19,11 +19,15 @@ id makes it look new to the delivery-id dedup. Two defences:
 
 ``standard`` and ``stripe`` sign a timestamp (±5 minutes) and an id (Standard Webhooks) or
 have the body hash as id (Stripe), so their replays are bounded without either.
+
+A GitHub source whose window is shorter than its tolerance (or off) is named in a warning
+when the app starts: a delivery replayed between the two passes both defences.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ from gateway.api.errors import ApiError
 from gateway.config import ConfigError, Settings
 from gateway.stores.coalesce import AutoPipeline
 
+log = logging.getLogger("gateway.webhooks")
 _MARK = (Path(__file__).parent / "lua" / "replay_mark.lua").read_text()
 DEFAULT_WINDOWS = {"github": 7 * 86400}
 DEFAULT_TOLERANCE = 3600
@@ -140,7 +145,14 @@ def policies(settings: Settings) -> dict[str, ReplayPolicy]:
     for name in settings.section("webhooks"):
         if name not in settings.webhook_sources:
             raise ConfigError(_LABEL.format(name), "no webhook source of that name is configured")
-    return {name: policy_for(settings, name) for name in settings.webhook_sources}
+    found = {name: policy_for(settings, name) for name in settings.webhook_sources}
+    for name, policy in found.items():
+        if settings.webhook_sources[name].scheme == "github" and policy.window < policy.tolerance:
+            log.warning("[webhooks.%s] replay_window_seconds (%d) is shorter than "
+                        "freshness_tolerance_seconds (%d): a captured delivery replayed "
+                        "between the two is taken in again; make the window at least the "
+                        "tolerance", name, policy.window, policy.tolerance)
+    return found
 
 
 class ReplayGuard:

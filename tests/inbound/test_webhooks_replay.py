@@ -5,6 +5,7 @@ refused; legitimate new events and redeliveries are unaffected."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -170,3 +171,21 @@ def test_config_errors_name_the_setting(settings: Any, webhooks: dict[str, Any],
     with pytest.raises(ConfigError) as caught:
         policies(dataclasses.replace(settings, sections={"webhooks": webhooks}))
     assert caught.value.variable == variable
+
+
+@pytest.mark.parametrize(("webhooks", "warned"), [
+    ({"gh": {"replay_window_seconds": 600, "freshness_tolerance_seconds": 3600,
+             "freshness_fields": {"push": "repository.pushed_at"}}}, True),
+    ({"gh": {"replay_window_seconds": 0}}, True),  # off: any replay within the tolerance
+    ({}, False),  # the defaults: 7 days over 3,600 s
+    ({"gh": {"replay_window_seconds": 3600}}, False),
+])
+def test_a_github_window_shorter_than_its_tolerance_is_warned_at_start(
+        runtime: Runtime, caplog: pytest.LogCaptureFixture, webhooks: dict[str, Any],
+        warned: bool) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.webhooks")
+    create_app(configured(runtime, webhooks))
+    said = [r.getMessage() for r in caplog.records if "replay_window_seconds" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert said[0].startswith("[webhooks.gh]") and "freshness_tolerance_seconds" in said[0]
