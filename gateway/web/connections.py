@@ -8,7 +8,12 @@ clients) cannot take the descriptors that platform deliveries and the balancer's
 * Past ``max`` a connection is still accepted, but it may only reach the routes that need no
   credential (``/healthz``, ``/readyz``, the signed inbound routes, the dashboard page): any
   other answers ``503`` + ``Retry-After`` and closes (``gateway.api.routes``).
-* Past ``max + reserve`` it is answered ``503`` at once and closed.
+* Past ``max + reserve`` the oldest *idle* connection (no request in progress: a kept-alive
+  connection between requests, or one that never sent a whole request head) is closed to
+  make room, so a flood of idle connections can never lock out a fresh one (a liveness
+  probe, a platform's delivery): the flood only churns through its own. Only when none of
+  the oldest ``SHED_SCAN`` is idle (every one is serving a request or an SSE stream) is the
+  new connection answered ``503`` at once and closed.
 
 Idle connections, and connections that send no complete request head, are closed by
 aiohttp's keep-alive timer (``idle_seconds``), which also runs from the moment a connection
@@ -42,6 +47,11 @@ _PER_IP = _refusal(429, "Too Many Requests", "rate_limited",
 _FULL = _refusal(503, "Service Unavailable", "busy", "this server holds too many connections")
 
 
+# How many of the oldest connections a full gate looks through for an idle one to close: a
+# bounded scan per new connection, past the long-lived streams that are usually the oldest.
+SHED_SCAN = 512
+
+
 class ConnectionGate:
     """Counts open connections (one process) and decides each new one's fate."""
 
@@ -53,24 +63,44 @@ class ConnectionGate:
         self.over_cap = over_cap
         self.open = 0
         self.per_ip: dict[str, int] = {}
+        self.shed = 0  # idle connections closed to make room, for tests and operators
+        # Every admitted connection, oldest first (a dict keeps insertion order).
+        self._connections: dict[_Admitted, None] = {}
 
-    def admit(self, transport: asyncio.BaseTransport) -> tuple[str, bytes | None]:
+    def admit(self, connection: _Admitted,
+              transport: asyncio.BaseTransport) -> tuple[str, bytes | None]:
         """(the address counted, "" for none; the refusal to send, or None)."""
         peer = transport.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple) and peer else ""
-        if self.open >= self.hard:
+        if self.open >= self.hard and not self._shed_one():
             return "", _FULL
         address = "" if not host or is_trusted(host, self.trusted) else group(host)
         if address and self.per_ip.get(address, 0) >= self.config.per_ip:
             return "", _PER_IP
         self.open += 1
+        self._connections[connection] = None
         if address:
             self.per_ip[address] = self.per_ip.get(address, 0) + 1
         if self.open > self.most:
             self.over_cap.add(transport)
         return address, None
 
-    def release(self, transport: asyncio.BaseTransport, address: str) -> None:
+    def _shed_one(self) -> bool:
+        """Close the oldest idle connection among the first ``SHED_SCAN``; False when none
+        is idle. Its count is given back at once (the socket closes on the next loop turn),
+        so a burst of new connections sheds one old one each."""
+        for index, connection in enumerate(self._connections):
+            if index >= SHED_SCAN:
+                return False
+            if connection.idle():
+                connection.shed()
+                self.shed += 1
+                return True
+        return False
+
+    def release(self, connection: _Admitted, transport: asyncio.BaseTransport,
+                address: str) -> None:
+        self._connections.pop(connection, None)
         self.open -= 1
         self.over_cap.discard(transport)
         if address:
@@ -90,8 +120,27 @@ class _Admitted(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None  # None: refused at the gate
         self.address = ""
 
+    def idle(self) -> bool:
+        """No request in progress and none waiting (aiohttp's ``RequestHandler`` state):
+        closing it loses nobody's answer."""
+        inner = self.inner
+        return (self.transport is not None
+                and not getattr(inner, "_request_in_progress", True)
+                and not getattr(inner, "_messages", True))
+
+    def shed(self) -> None:
+        """Close to make room for a newer connection: counted out now, closed at once."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.connection_lost(None)  # gives the slot back and tells aiohttp
+        if isinstance(transport, asyncio.Transport):
+            transport.abort()  # nothing to flush: it was idle
+        else:
+            transport.close()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.address, refusal = self.gate.admit(transport)
+        self.address, refusal = self.gate.admit(self, transport)
         if refusal is not None:
             assert isinstance(transport, asyncio.WriteTransport)
             transport.write(refusal)
@@ -110,7 +159,7 @@ class _Admitted(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:
             return
-        self.gate.release(self.transport, self.address)
+        self.gate.release(self, self.transport, self.address)
         self.transport = None
         self.inner.connection_lost(exc)
 

@@ -117,11 +117,44 @@ async def test_past_the_cap_health_and_signed_deliveries_are_still_answered(
                 assert (await feed.json())["error"] == "busy"
         more = [await idle(port, f"127.0.0.{60 + i}") for i in range(3)]  # the reserve
         held += more
-        status, headers, answer = await refused_at_once(port, "127.0.0.70")
-        assert status == 503 and headers["Retry-After"] == "5" and answer["error"] == "busy"
+        # Past max + reserve the oldest idle connection makes room for the new one.
+        async with request_from("127.0.0.70") as newest:
+            async with newest.get(f"{url}/healthz") as health:
+                assert health.status == 200
+        async with asyncio.timeout(5):
+            assert await held[0][0].read() == b""  # the oldest, closed by the server
     finally:
         for _, writer in held:
             writer.close()
+
+
+async def test_past_the_reserve_with_nothing_idle_a_new_connection_is_refused_at_once(
+        serve: Serve) -> None:
+    """Streams and half-sent bodies are requests in progress: none is closed to make room,
+    so past max + reserve the gate refuses."""
+    port = await serve(max=4, reserve=3, per_ip=100)
+    url = f"http://127.0.0.1:{port}"
+    slow = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        streams = [await http.get(f"{url}/v1/stream", params={"topics": "pipeline"},
+                                  headers=ADMIN) for _ in range(4)]
+        try:
+            assert [s.status for s in streams] == [200] * 4
+            for i in range(3):  # the reserve: deliveries whose bodies are still arriving
+                _, writer = await idle(port, f"127.0.0.{60 + i}")
+                writer.write(b"POST /v1/webhooks/demo HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+                slow.append(writer)
+            await asyncio.sleep(0.2)  # let the server read the heads (no condition to see)
+            status, headers, answer = await refused_at_once(port, "127.0.0.70")
+            assert status == 503 and headers["Retry-After"] == "5"
+            assert answer["error"] == "busy"
+            assert not any(s.content.at_eof() for s in streams)
+        finally:
+            for stream in streams:
+                stream.close()
+            for writer in slow:
+                writer.close()
 
 
 async def test_a_client_that_never_finishes_its_request_head_is_closed(serve: Serve) -> None:
