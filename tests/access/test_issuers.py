@@ -6,44 +6,27 @@ and the refresh families. Real gateway apps on the session's Redis and PostgreSQ
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway.access import apikeys
-from gateway.config import Secret, Settings
 from gateway.conversations import links
-from gateway.stores.runtime import Runtime, open_runtime
-from gateway.web.app import create_app
+from gateway.stores.runtime import Runtime
+from tests.access import test_links
 from tests.access.test_links import say
-from tests.conversations.fast import with_sections
+from tests.conftest import ServerSet
 from tests.helpers import gateway_cli, registry_violations, wait_until
 
-SECRET = "issuers-test-secret-0123456789-0123456789"
 ANONYMOUS = {"Authorization": ""}
+# The chat-link tests' app: a runtime with a JWT secret and the fast conversation limits.
+rt = test_links.rt
+client = test_links.client
 
 
 def bearer(credential: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {credential}"}
-
-
-@pytest.fixture
-async def rt(runtime: Runtime, settings: Settings) -> AsyncIterator[Runtime]:
-    opened = await open_runtime(dataclasses.replace(with_sections(settings),
-                                                    jwt_secret=Secret(SECRET)))
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def client(rt: Runtime, make_client: Callable[..., Any]) -> TestClient[Any, Any]:
-    return await make_client(create_app(rt), rt=rt)  # type: ignore[no-any-return]
 
 
 async def mint(client: TestClient[Any, Any], issuer: dict[str, str], sub: str,
@@ -120,8 +103,7 @@ async def test_a_key_mints_only_for_its_subs_and_links_grant_only_what_it_reads(
 
 
 async def test_revoking_the_issuer_ends_what_it_minted(
-        rt: Runtime, client: TestClient[Any, Any], settings: Settings,
-        make_client: Callable[..., Any]) -> None:
+        rt: Runtime, client: TestClient[Any, Any], servers: ServerSet) -> None:
     """A key, an issuing token's jti, an issuing account: each revoked, the access tokens
     minted through it are refused (at once on the replica that took it; within 1 s of the
     CLI's key revocation) and its refresh families (30 days) are ended."""
@@ -129,7 +111,7 @@ async def test_revoking_the_issuer_ends_what_it_minted(
     key_id = issuer_key.split("_")[1]
     _, by_key = await mint(client, bearer(issuer_key), "app-1", topics=("news",))
     assert await status(client, "GET", "/v1/feed?topic=news", by_key["access_token"]) == 200
-    code, _, _ = await gateway_cli_for(rt, "apikey", "revoke", key_id)
+    code, _, _ = await gateway_cli(servers, "apikey", "revoke", key_id)
     assert code == 0
     revoked_at = time.monotonic()
     await wait_until(lambda: _refused(client, by_key["access_token"]), timeout=3,
@@ -161,13 +143,6 @@ async def test_revoking_the_issuer_ends_what_it_minted(
                 sub if revocation == "sub" else _jti(issuer["access_token"])))
         assert families == 0
     assert await registry_violations(rt.durable, "durable") == []
-
-
-async def gateway_cli_for(rt: Runtime, *args: str) -> tuple[int, str, str]:
-    settings = rt.settings
-    servers = dataclasses.make_dataclass("S", ["durable_url", "cache_url", "database_url"])(
-        settings.durable_url, settings.cache_url, settings.database_url)
-    return await gateway_cli(servers, *args)
 
 
 def _jti(token: str) -> str:
