@@ -27,6 +27,8 @@ Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "conten
 
 # The provider refused the request itself: another provider would refuse it too.
 _REJECTED = frozenset({400, 413, 422})
+# What of a refusal's body is read (its message; the rest is not needed).
+REFUSAL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,8 @@ class OpenAIClient:
     async def _refusal(self, response: aiohttp.ClientResponse) -> ProviderError:
         """The typed error for a non-2xx answer, with the provider's message (masked)."""
         try:
-            raw = await response.text()
-        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            raw = (await _read_at_most(response, REFUSAL_BYTES))[0].decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError):
             raw = ""
         detail = raw
         try:
@@ -221,6 +223,18 @@ class OpenAIClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise Unavailable(self.name, f"connection failed ({type(exc).__name__})") from None
 
+    def _too_large(self, what: str) -> Unavailable:
+        return Unavailable(self.name, f"{what} larger than {self.config.max_answer_bytes} "
+                                      "bytes (max_answer_bytes)")
+
+    @contextlib.contextmanager
+    def _long_lines(self) -> Iterator[None]:
+        """aiohttp refuses a line past its buffer (ValueError): a malformed stream."""
+        try:
+            yield
+        except ValueError:
+            raise Unavailable(self.name, "stream line too long") from None
+
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             with self._failures():
@@ -229,7 +243,10 @@ class OpenAIClient:
                                              timeout=self._timeout(stream=False)) as response:
                     if response.status >= 300:
                         raise await self._refusal(response)
-                    body = await response.json(content_type=None)
+                    raw, over = await _read_at_most(response, self.config.max_answer_bytes)
+                    if over:
+                        raise self._too_large("answer")
+                    body = json.loads(raw)
         except ValueError:
             raise Unavailable(self.name, "answer is not JSON") from None
         if not isinstance(body, dict):
@@ -241,7 +258,8 @@ class OpenAIClient:
         payload = self._chat_body(model, messages, max_tokens, stream=True)
         text: list[str] = []
         usage: Usage | None = None
-        with self._failures():
+        read = 0
+        with self._failures(), self._long_lines():
             async with self.session.post(self._url("/chat/completions"), json=payload,
                                          headers={**self._headers(),
                                                   "Accept": "text/event-stream"},
@@ -250,6 +268,9 @@ class OpenAIClient:
                     raise await self._refusal(response)
                 done = False
                 async for raw in response.content:
+                    read += len(raw)
+                    if read > self.config.max_answer_bytes:
+                        raise self._too_large("stream")
                     line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue  # blank separators, ": keep-alive" comments, event: lines
@@ -282,3 +303,16 @@ class OpenAIClient:
             message = error.get("message", "") if isinstance(error, dict) else str(error)
             raise Unavailable(self.name, f"error in stream: {self._masked(str(message))}")
         return chunk
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of the body, and whether it was longer (the rest is not read)."""
+    if response.content_length is not None and response.content_length > limit:
+        return b"", True
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await response.content.read(limit + 1 - len(data))
+        if not chunk:
+            return bytes(data), False
+        data += chunk
+    return bytes(data[:limit]), True

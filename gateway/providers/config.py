@@ -12,6 +12,7 @@ key, its limits and timeouts. Example::
     connect_timeout_seconds = 5
     max_retry_after_seconds = 30                    # a longer Retry-After moves on instead
     retries_on_429 = 3
+    max_answer_bytes = 33554432                     # an answer (or a stream) past it fails
 
 The key is read once from the environment into a ``Secret``, which prints as ``***``, so no
 repr, log line or error message can show it.
@@ -43,6 +44,9 @@ class ProviderConfig:
     connect_timeout_seconds: float = 5.0
     max_retry_after_seconds: float = 30.0
     retries_on_429: int = 3
+    # A provider gone wrong must not fill the process's memory: an answer, or a stream's
+    # bytes, past this fails the attempt (Unavailable: the next provider).
+    max_answer_bytes: int = 32 * 1024 * 1024
 
 
 def _positive(where: str, value: Any) -> float:
@@ -83,6 +87,10 @@ def provider_configs(settings: Settings,
         retries = spec.get("retries_on_429", 3)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"{where}.retries_on_429", "must be a whole number >= 0")
+        answer_bytes = spec.get("max_answer_bytes", ProviderConfig.max_answer_bytes)
+        if isinstance(answer_bytes, bool) or not isinstance(answer_bytes, int) \
+                or answer_bytes <= 0:
+            raise ConfigError(f"{where}.max_answer_bytes", "must be a positive whole number")
         configs[name] = ProviderConfig(
             name=name, base_url=base_url, api_key=key, api_key_env=key_env,
             limits=limits[name], api=api,
@@ -92,7 +100,7 @@ def provider_configs(settings: Settings,
                                               spec.get("connect_timeout_seconds", 5.0)),
             max_retry_after_seconds=_positive(f"{where}.max_retry_after_seconds",
                                               spec.get("max_retry_after_seconds", 30.0)),
-            retries_on_429=retries)
+            retries_on_429=retries, max_answer_bytes=answer_bytes)
     return configs
 
 

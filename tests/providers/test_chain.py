@@ -151,3 +151,20 @@ async def test_a_refused_key_moves_on_to_the_next_provider(
         assert (await chain.chat("m", HELLO)).provider == "b"
         [refused] = strict.calls_to("chat")
         assert refused.token == OPENAI_KEY  # sent, refused with 401, not retried
+
+
+async def test_an_answer_past_max_answer_bytes_fails_over_to_the_next_provider(
+        fake_openai: FakeOpenAI, second: FakeOpenAI, make_providers: MakeProviders) -> None:
+    """A provider gone wrong sends 2 MB where 1 MB is the most we read: the attempt fails
+    (the next provider answers), and a stream that grows past it ends there."""
+    fake_openai.reply = ("x" * 999 + " ") * 2000  # 2 MB of text
+    chain = make_providers(("a", fake_openai), ("b", second),
+                           max_answer_bytes=1_000_000).chain(["a", "b"])
+    assert (await chain.chat("m", HELLO)).text == "from b"
+    received: list[str] = []
+    with pytest.raises(ChainFailed) as failed:
+        async for delta in chain.stream_chat("m", HELLO):
+            received.append(delta)
+    assert "larger than 1000000 bytes" in str(failed.value)
+    assert 0 < len("".join(received)) <= 1_000_000  # read up to the bound, not beyond
+    assert len(second.calls_to("chat")) == 1  # the words were out: no fall-back for them
