@@ -17,7 +17,6 @@ id or body: 400, not counted).
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import hmac
@@ -25,6 +24,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from gateway.config import WebhookSource
+from gateway.outbound.standard_webhooks import sign_standard as sign_standard  # re-export
+from gateway.outbound.standard_webhooks import standard_signature
 
 TOLERANCE_SECONDS = 5 * 60
 # A delivery id becomes part of a Redis key: printable ASCII without spaces, bounded.
@@ -81,24 +82,6 @@ def _key(source: WebhookSource) -> bytes:
 
 
 # --- Standard Webhooks (standardwebhooks.com) ------------------------------------------------
-
-
-def standard_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
-    """``v1,<base64 HMAC-SHA256 of id.timestamp.body>``."""
-    # surrogateescape: a header with bytes that are not UTF-8 reaches us with surrogates;
-    # this restores the bytes the sender signed instead of failing.
-    digest = hmac.digest(key, f"{msg_id}.{timestamp}.".encode("utf-8", "surrogateescape")
-                         + body, "sha256")
-    return "v1," + base64.b64encode(digest).decode()
-
-
-def sign_standard(secret_key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers a Standard Webhooks sender puts on a request."""
-    return {
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": standard_signature(secret_key, msg_id, timestamp, body),
-    }
 
 
 def verify_standard(source: WebhookSource, headers: Mapping[str, str], body: bytes,

@@ -13,12 +13,14 @@ from gateway.config import ConfigError, Settings, field_types, positive_numbers
 
 # Delays after the 1st, 2nd, ... failure of a row; past the list, the last one repeats.
 DEFAULT_RETRY_SECONDS = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
-_FLAGS = ("allow_http", "allow_private_networks")
+_FLAGS = ("allow_http", "allow_private_networks", "deliver")
 _LIST = "retry_seconds"
 
 
 @dataclass(frozen=True)
 class NotificationSettings:
+    # Whether this process delivers (false: it serves the API only, others deliver).
+    deliver: bool = True
     retry_seconds: tuple[float, ...] = DEFAULT_RETRY_SECONDS
     # A row still failing this long after its first failure is recorded and skipped.
     give_up_after_seconds: float = 86400.0

@@ -8,7 +8,6 @@ which refuses a holder's cursor write made for the position before it.
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
@@ -44,13 +43,12 @@ class NotFound(LookupError):
 
 def to_json(record: asyncpg.Record, *, lag: bool = False) -> dict[str, Any]:
     """A subscription as the API shows it (never its secret)."""
-    destination = record["destination"]
     answer: dict[str, Any] = {
         "id": record["id"], "topic": record["topic"],
         "kinds": list(record["kinds"]) if record["kinds"] is not None else None,
-        "destination": json.loads(destination) if isinstance(destination, str) else destination,
+        "destination": record["destination"],
         "template": record["template"], "state": record["state"],
-        "cursor": _json(record["cursor"]) or {}, "last_error": record["last_error"],
+        "cursor": record["cursor"] or {}, "last_error": record["last_error"],
         "failing_since": _time(record["failing_since"]),
         "delivered_at": _time(record["delivered_at"]),
         "created_at": _time(record["created_at"]), "owner": record["owner"],
@@ -58,10 +56,6 @@ def to_json(record: asyncpg.Record, *, lag: bool = False) -> dict[str, Any]:
     if lag:
         answer["lag"] = int(record["lag"])
     return answer
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _time(value: Any) -> str | None:
@@ -98,7 +92,7 @@ async def create(pool: asyncpg.Pool, cache: AnyRedis, owner: str, request: Reque
                 raise TooMany(limit)
         await conn.execute(_INSERT, sub_id, owner, secrets.randbelow(PARTITIONS),
                            request.topic, list(request.kinds) if request.kinds else None,
-                           json.dumps(request.destination), request.secret, request.template,
+                           request.destination, request.secret, request.template,
                            request.after or 0)
         await conn.execute(_START, sub_id, request.topic, request.after)
         record = await _get(conn, sub_id, None)

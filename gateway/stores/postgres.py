@@ -50,15 +50,17 @@ class BoundedPool(asyncpg.Pool):
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
                       command_timeout: float = COMMAND_TIMEOUT_SECONDS,
                       acquire_seconds: float = COMMAND_TIMEOUT_SECONDS,
-                      connect_seconds: float = CONNECT_SECONDS) -> asyncpg.Pool:
+                      connect_seconds: float = CONNECT_SECONDS,
+                      server_settings: dict[str, str] | None = None) -> asyncpg.Pool:
     """A pool whose statements are cancelled after ``command_timeout``, whose callers wait
     at most ``acquire_seconds`` for a connection, and whose connections open within
-    ``connect_seconds``: no call on it waits without a bound."""
+    ``connect_seconds``: no call on it waits without a bound. ``server_settings``: session
+    settings of its connections (they survive the reset a connection gets when returned)."""
     pool = BoundedPool(dsn, acquire_seconds=acquire_seconds, min_size=min_size,
                        max_size=max_size, max_queries=50_000,
                        max_inactive_connection_lifetime=300.0, init=_init_connection,
                        loop=None, connection_class=asyncpg.Connection,
                        record_class=asyncpg.Record, command_timeout=command_timeout,
-                       timeout=connect_seconds)
+                       timeout=connect_seconds, server_settings=server_settings)
     await pool
     return pool

@@ -33,6 +33,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.web.auth",
     "gateway.web.events",
     "gateway.web.subscriptions",
+    "gateway.notifications.component",
     "gateway.web.reference",
 )
 

@@ -32,8 +32,10 @@ from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import read_body, require_json
 from gateway.inbound.signing import MalformedError
 from gateway.notifications import store
+from gateway.notifications.engine import policy_of
 from gateway.notifications.settings import NotificationSettings
 from gateway.notifications.subscriptions import CHAT_TYPES, Invalid, parse_request
+from gateway.outbound.safe_http import Refused, SafeClient
 from gateway.stores.runtime import Runtime
 
 ADMIN_OWNER = "admin"
@@ -81,6 +83,8 @@ class SubscriptionRoutes:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.settings = NotificationSettings.from_settings(runtime.settings)
+        # Where an endpoint points is checked now, and again on every connection.
+        self.client = SafeClient(policy_of(self.settings))
 
     async def create(self, request: web.Request) -> web.Response:
         principal = _principal(request)
@@ -91,6 +95,11 @@ class SubscriptionRoutes:
         if not principal.reads_all(parsed.topic):
             raise ApiError(403, "forbidden", "the credential's topics do not cover "
                            f"{parsed.topic[:200]!r}")
+        if parsed.destination["type"] == "webhook":
+            try:
+                await self.client.check_url(parsed.destination["url"])
+            except Refused as exc:
+                raise ApiError(400, "bad_request", f"destination.url: {exc}") from None
         if parsed.destination["type"] in CHAT_TYPES and not principal.is_admin:
             raise ApiError(403, "forbidden", "a chat destination is made from the chat itself "
                            "(/subscribe <topic>) or with the admin token")

@@ -10,13 +10,27 @@ import time
 from typing import Any
 
 import jwt
+import pytest
 
 from gateway.access import apikeys
 from gateway.config import Secret
 from gateway.stores.runtime import Runtime
 from gateway.web.app import create_app
 
-HOOK = {"type": "webhook", "url": "https://hooks.example.com/in"}
+HOOK = {"type": "webhook", "url": "https://93.184.216.34/in"}  # public, no lookup
+# The API alone: nothing is delivered to that address from here.
+API_ONLY = {"notifications": {"deliver": False}}
+
+
+@pytest.fixture
+async def client(runtime: Runtime, make_client: Any) -> Any:
+    return await make_client(api_only(runtime))
+
+
+def api_only(runtime: Runtime, **notifications: Any) -> Any:
+    settings = dataclasses.replace(runtime.settings, sections={
+        "notifications": {"deliver": False, **notifications}})
+    return create_app(dataclasses.replace(runtime, settings=settings))
 SCOPE = frozenset({"subscriptions:write"})
 JWT_SECRET = "subscriptions-test-secret-0123456789abcdef"
 
@@ -107,7 +121,8 @@ async def test_topic_patterns_must_be_covered(client: Any, runtime: Runtime) -> 
 
 async def test_an_accounts_tokens_share_its_subscriptions(
         runtime: Runtime, make_client: Any) -> None:
-    settings = dataclasses.replace(runtime.settings, jwt_secret=Secret(JWT_SECRET))
+    settings = dataclasses.replace(runtime.settings, jwt_secret=Secret(JWT_SECRET),
+                                   sections=API_ONLY)
     client = await make_client(create_app(dataclasses.replace(runtime, settings=settings)))
 
     def token(sub: str) -> dict[str, str]:
@@ -181,10 +196,9 @@ async def test_bad_requests_are_refused(client: Any, runtime: Runtime,
         assert status == 400, (body, answer)
     assert await runtime.pg.fetchval("SELECT count(*) FROM subscriptions") == 0
     # With [notifications] allow_http, plain http is taken; past the per-credential limit, 409.
-    settings = dataclasses.replace(runtime.settings, sections={"notifications": {
-        "allow_http": True, "max_subscriptions_per_credential": 2}})
-    relaxed = await make_client(create_app(dataclasses.replace(runtime, settings=settings)))
-    plain = {"topic": "t", "destination": {"type": "webhook", "url": "http://x.example/"}}
+    relaxed = await make_client(api_only(runtime, allow_http=True,
+                                         max_subscriptions_per_credential=2))
+    plain = {"topic": "t", "destination": {"type": "webhook", "url": "http://93.184.216.34/"}}
     assert (await create(relaxed, plain))[0] == 201
     key = bearer((await apikeys.create(runtime.pg, "k", SCOPE, ("t",)))["key"])
     assert [(await create(relaxed, plain, key))[0] for _ in range(3)] == [201, 201, 409]

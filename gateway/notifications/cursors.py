@@ -1,0 +1,80 @@
+"""Cursor moves of many subscriptions share one statement (a group commit): a subscription
+waits for its move to commit before it sends its next row (so a kill loses at most the row
+in flight), and every move that arrived while a statement was on its way goes out with the
+next one. With one subscription that is one statement per row; with a thousand delivering
+at once, a handful.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import asyncpg
+
+from gateway.notifications import held as statements
+from gateway.notifications.held import Held, Move
+
+
+class CursorWriter:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self._waiting: list[tuple[Move, asyncio.Future[bool]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self.statements = 0
+
+    async def move(self, held: Held, topic: str, offset: int, epoch: int,
+                   delivered: bool) -> bool:
+        """Move ``held``'s cursor on ``topic`` to ``offset``; False when its fence or version
+        moved on (the position is not ours to write any more). Raises what the statement
+        raised (the caller retries the row later)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append(((held, topic, offset, epoch, delivered), future))
+        if self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                # One subscription at most once per statement: a later move waits for the next.
+                seen: set[str] = set()
+                now: list[tuple[Move, asyncio.Future[bool]]] = []
+                later: list[tuple[Move, asyncio.Future[bool]]] = []
+                for item in batch:
+                    (now if item[0][0].id not in seen else later).append(item)
+                    seen.add(item[0][0].id)
+                self._waiting = later + self._waiting
+                try:
+                    self.statements += 1
+                    moved = await statements.advance(self.pool, [m for m, _ in now])
+                except Exception as exc:
+                    _settle(now, exc)
+                    continue
+                except BaseException:  # cancelled: nobody waits forever
+                    _settle(now, None)
+                    raise
+                for move, future in now:
+                    if not future.done():
+                        future.set_result(move[0].id in moved)
+        finally:
+            self._flushing = None
+            _settle(self._waiting, None)
+            self._waiting = []
+
+    async def close(self) -> None:
+        if self._flushing is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._flushing
+
+
+def _settle(items: list[tuple[Move, asyncio.Future[bool]]], exc: Exception | None) -> None:
+    """Answer the waiters that are still waiting: with ``exc``, or cancelled (None)."""
+    for _, future in items:
+        if future.done():
+            continue
+        if exc is None:
+            future.cancel()
+        else:
+            future.set_exception(exc)

@@ -1,0 +1,305 @@
+"""Delivery in every serving process: the subscriptions are spread over ``PARTITIONS`` fixed
+partitions, each a ``lock:`` lease (``gateway.leases``) held by one process at a time, so a
+subscription is delivered by exactly one process and replicas share the work.
+
+Sharing. Every process marks itself alive in ``lock:{notify}:members`` (a sorted set of
+expiry times, ``lua/members.lua``) and aims at its share of the partitions that have an
+active subscription: ceil(busy / members). Each tick (a third of the lease) it renews what it
+holds, gives up what is over its share (after its runners finished the row in flight) and
+takes free partitions up to its share. A process that dies stops renewing; its partitions
+are free once their leases expire and another process takes them at its next tick.
+
+Fencing. Taking a partition with token T stamps its subscriptions' ``fence`` with T; every
+write of a runner carries its token, so a process that lost a lease (stalled past it) writes
+nothing after its successor took over, and it stops sending once the lease's local deadline
+passed (``Lease.locally_valid``, counted from before the renewal was sent).
+
+Waking. The process listens to the ``push:`` channels of the topics its subscriptions follow
+(a row small enough rides in the signal and is delivered without a read) and to
+``push:gateway.subscriptions`` (a subscription made or changed: reload); every
+``poll_seconds`` it reloads its subscriptions and reads the heads of their topics anyway, so a
+lost signal costs at most that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from gateway import keys
+from gateway.leases import lease as leases
+from gateway.notifications import held as statements
+from gateway.notifications import metrics
+from gateway.notifications.cursors import CursorWriter
+from gateway.notifications.held import Held
+from gateway.notifications.rows import Rows
+from gateway.notifications.runner import Context, Runner, Sender
+from gateway.notifications.settings import NotificationSettings
+from gateway.notifications.store import CHANGES_TOPIC
+from gateway.notifications.webhook import WebhookSender
+from gateway.outbound.safe_http import Policy, SafeClient
+from gateway.push.channel import SignalListener
+from gateway.push.protocol import FeedRow
+from gateway.stores.postgres import create_pool
+from gateway.stores.runtime import Runtime
+
+log = logging.getLogger("gateway.notifications")
+
+MEMBERS_KEY = keys.lock("{notify}:members")
+_MEMBERS = (Path(__file__).parent / "lua" / "members.lua").read_text()
+STOP_GRACE_SECONDS = 5.0
+MAX_CHANNELS = 1000  # topics listened to; a prefix covering more is found by the poll only
+POOL_CONNECTIONS = 4
+SUBSCRIBE_SECONDS = 2.0
+
+SenderFactory = Callable[[Held], Sender | None]
+
+
+def lease_name(part: int) -> str:
+    return f"notify:{part}"
+
+
+class Engine:
+    def __init__(self, runtime: Runtime, settings: NotificationSettings | None = None, *,
+                 client: SafeClient | None = None,
+                 chat_senders: SenderFactory | None = None) -> None:
+        self.runtime = runtime
+        self.settings = settings or NotificationSettings.from_settings(runtime.settings)
+        self.client = client or SafeClient(policy_of(self.settings))
+        self.chat_senders = chat_senders
+        self.holder = leases.instance_id()
+        self.leases: dict[int, leases.Lease] = {}
+        self.runners: dict[str, Runner] = {}
+        self.heads: dict[str, tuple[int, int]] = {}
+        self.pool: asyncpg.Pool | None = None
+        self.context: Context | None = None
+        self.listener: SignalListener | None = None
+        self._listened: set[str] = set()
+        self._reload = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- the process's part ------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop``; then let the rows in flight finish, give the partitions
+        back and leave the members, so the others take over at once."""
+        tick = self.settings.lease_seconds / 3
+        try:
+            while not stop.is_set():
+                try:
+                    await self._tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a store outage: the leases' deadlines rule
+                    log.warning("notifications: lease round failed: %s: %s",
+                                type(exc).__name__, exc)
+                    self._drop_invalid()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), tick)
+        finally:
+            await self._shutdown()
+
+    async def _tick(self) -> None:
+        durable = self.runtime.durable
+        members = int(await durable.eval(_MEMBERS, 1, MEMBERS_KEY, self.holder,
+                                         int(self.settings.lease_seconds * 1000)))
+        for part, lease in list(self.leases.items()):
+            if not await leases.renew(durable, lease):
+                log.warning("notifications: lease on partition %d lost", part)
+                await self._let_go(part, grace=0.0)
+        busy = await statements.busy_partitions(self.runtime.pg)
+        share = math.ceil(len(busy) / max(1, members))
+        kept = sorted(p for p in self.leases if p in busy)
+        over = max(0, len(kept) - share)  # more than its share: the rest is for the others
+        extra = [p for p in self.leases if p not in busy] + kept[len(kept) - over:]
+        for part in extra:
+            await self._let_go(part, grace=STOP_GRACE_SECONDS, release=True)
+        free = [p for p in busy if p not in self.leases]
+        random.shuffle(free)  # processes starting together spread over different ones
+        taken = False
+        for part in free:
+            if len(self.leases) >= share:
+                break
+            taken_lease = await leases.acquire(durable, lease_name(part), self.holder,
+                                               self.settings.lease_seconds)
+            if taken_lease is not None:
+                self.leases[part] = taken_lease
+                taken = True
+        if taken or extra:
+            await self._start()
+            self._reload.set()
+
+    def _drop_invalid(self) -> None:
+        for part, lease in list(self.leases.items()):
+            if not lease.locally_valid():
+                self.leases.pop(part)
+                for runner in self._runners_of(part):
+                    runner.stopping = True
+                    runner.wake.set()
+
+    async def _let_go(self, part: int, *, grace: float, release: bool = False) -> None:
+        runners = self._runners_of(part)
+        await asyncio.gather(*(r.stop(grace) for r in runners))
+        for runner in runners:
+            self.runners.pop(runner.held.id, None)
+        lease = self.leases.pop(part, None)
+        if release and lease is not None:
+            with contextlib.suppress(Exception):
+                await leases.release(self.runtime.durable, lease)
+
+    def _runners_of(self, part: int) -> list[Runner]:
+        return [r for r in self.runners.values() if r.held.part == part]
+
+    def lease_valid(self, part: int) -> bool:
+        lease = self.leases.get(part)
+        return lease is not None and lease.locally_valid()
+
+    # --- delivering --------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """The pool, the listener and the poll, from the first partition taken on."""
+        if self.context is not None:
+            return
+        database_url = self.runtime.settings.database_url
+        assert database_url is not None
+        self.pool = await create_pool(database_url, max_size=POOL_CONNECTIONS,
+                                      server_settings={"synchronous_commit": "off"})
+        self.context = Context(self.pool, Rows(self.pool), CursorWriter(self.pool),
+                               self.settings, self.heads, self.lease_valid,
+                               self._reload.set)
+        self.listener = SignalListener(self.runtime.cache, self._on_signal, self._on_state)
+        self._tasks = [asyncio.create_task(self.listener.run(self._stopping)),
+                       asyncio.create_task(self._poll(self._stopping))]
+
+    async def _poll(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("notifications: reload failed: %s: %s", type(exc).__name__, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload.wait(), self.settings.poll_seconds)
+            self._reload.clear()
+
+    async def reload(self) -> None:
+        """Take the held partitions' subscriptions as PostgreSQL has them, then their topics'
+        heads; start, update and stop runners to match."""
+        assert self.pool is not None and self.context is not None
+        tokens = {part: lease.token for part, lease in self.leases.items()
+                  if lease.locally_valid()}
+        found = {h.id: h for h in await statements.load(self.pool, tokens)}
+        for sub_id in [i for i in self.runners if i not in found]:
+            await self.runners.pop(sub_id).stop(STOP_GRACE_SECONDS)
+        for sub_id, fresh in found.items():
+            runner = self.runners.get(sub_id)
+            if runner is not None:
+                runner.update(fresh)
+                continue
+            sender = self._sender(fresh)
+            if sender is None:
+                continue
+            runner = self.runners[sub_id] = Runner(fresh, self.context, sender)
+            runner.start()
+        metrics.HELD.set(len(self.runners))
+        await self._read_heads()
+        await self._listen()
+
+    def _sender(self, held: Held) -> Sender | None:
+        if held.type == "webhook":
+            assert held.secret is not None
+            return WebhookSender(self.client, str(held.destination["url"]), held.secret)
+        return self.chat_senders(held) if self.chat_senders else None
+
+    async def _read_heads(self) -> None:
+        assert self.pool is not None
+        names = sorted({r.held.topic for r in self.runners.values()
+                        if not r.held.topic.endswith("*")})
+        prefixes = sorted({r.held.topic[:-1] for r in self.runners.values()
+                           if r.held.topic.endswith("*")})
+        fresh = await statements.heads(self.pool, names, prefixes) if self.runners else {}
+        for topic, head in fresh.items():
+            self._advance(topic, head)
+        lag = 0
+        for runner in self.runners.values():
+            held = runner.held
+            if held.state != "active":
+                continue
+            for topic, (epoch, last) in self.heads.items():
+                if held.follows(topic):
+                    offset, at = held.position(topic)
+                    lag += max(0, last - (offset if at in (None, epoch) else 0))
+        metrics.LAG.set(lag)
+
+    async def _listen(self) -> None:
+        """Listen to the topics the held subscriptions follow (and to subscription changes)."""
+        assert self.listener is not None
+        wanted = {CHANGES_TOPIC}
+        for runner in self.runners.values():
+            topic = runner.held.topic
+            if topic.endswith("*"):
+                wanted.update(t for t in self.heads if runner.held.follows(t))
+            else:
+                wanted.add(topic)
+        wanted = set(sorted(wanted, key=lambda t: t != CHANGES_TOPIC)[:MAX_CHANNELS])
+        for topic in self._listened - wanted:
+            await self.listener.remove(topic)
+        new = wanted - self._listened
+        self._listened = wanted
+        await asyncio.gather(*(self.listener.add(t, SUBSCRIBE_SECONDS) for t in new))
+
+    def _advance(self, topic: str, head: tuple[int, int]) -> None:
+        """A topic's head moved (a signal or a poll): wake the runners that follow it."""
+        known = self.heads.get(topic)
+        if known is not None and (known[0], known[1]) >= head:
+            return
+        self.heads[topic] = head
+        for runner in self.runners.values():
+            if runner.held.follows(topic):
+                runner.wake.set()
+
+    def _on_signal(self, body: dict[str, Any]) -> None:
+        topic = body["topic"]
+        if topic == CHANGES_TOPIC:
+            self._reload.set()
+            return
+        row = body.get("row")
+        if isinstance(row, dict) and self.context is not None:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                self.context.rows.offer(FeedRow.from_json(row))
+        self._advance(topic, (int(body["epoch"]), int(body["offset"])))
+
+    def _on_state(self, up: bool) -> None:
+        if up:  # signals were lost while the listener was away: look now
+            self._reload.set()
+
+    async def _shutdown(self) -> None:
+        for part in list(self.leases):
+            await self._let_go(part, grace=STOP_GRACE_SECONDS, release=True)
+        if self.context is not None:
+            self._stopping.set()
+            for task in self._tasks:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(task, 5)
+            await self.context.writer.close()
+        with contextlib.suppress(Exception):
+            await self.runtime.durable.zrem(MEMBERS_KEY, self.holder)
+        await self.client.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+
+def policy_of(settings: NotificationSettings) -> Policy:
+    return Policy(settings.allow_http, settings.allow_private_networks,
+                  settings.connect_seconds, settings.request_seconds,
+                  settings.max_answer_bytes, settings.max_connections)
