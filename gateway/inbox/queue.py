@@ -155,7 +155,7 @@ class Inbox:
         moved its head to the dead letters (``at_once``: this failure does)."""
         result = await self._scripts.release(
             keys=[self.ready, self.leases, self.owners, self.failures, self.chat_list(chat),
-                  self.dead],
+                  self.dead, self.sent],
             args=[chat, token, int(delay * 1000), int(counted),
                   1 if at_once else self.limits.max_failures, self.limits.dead_max])
         return int(result) == 2
@@ -188,7 +188,7 @@ class Inbox:
 
     async def reclaim(self, limit: int = 100) -> int:
         return int(await self._scripts.reclaim(
-            keys=[self.ready, self.leases, self.owners, self.failures, self.dead],
+            keys=[self.ready, self.leases, self.owners, self.failures, self.dead, self.sent],
             args=[limit, self.limits.max_failures, self.limits.dead_max, self.prefix]))
 
     # --- operators -----------------------------------------------------------------------

@@ -124,6 +124,22 @@ async def test_a_reclaim_counts_as_a_failure(runtime: Runtime) -> None:
     assert await box.depth() == {"ready_chats": 0, "leased_chats": 0, "dead": 1}
 
 
+async def test_a_dead_lettered_head_leaves_no_sent_record(runtime: Runtime) -> None:
+    """The fence's record of a head's reply goes with the head into the dead letters, by a
+    release or by a reclaim: nothing is left in the ``sent`` hash (ACK is not coming)."""
+    box = inbox(runtime, lease_seconds=0.05, max_failures=1)
+    for chat, ends in (("a", "release"), ("b", "reclaim")):
+        await box.push(chat, entry(chat, 1), None, 60)
+        assert await box.take("t", 1)
+        await box.mark_sent(chat, "a-digest 42")  # a reply was being shown
+        if ends == "release":
+            assert await box.release(chat, "t", delay=0, counted=True)
+        else:
+            await wait_until(lambda: box.reclaim(), timeout=5)
+        assert await runtime.durable.hget(box.sent, chat) is None, ends
+    assert (await box.depth())["dead"] == 2
+
+
 def test_entries_round_trip_and_refuse_garbage() -> None:
     original = entry("5", 1)
     assert Entry.decode(original.encode()) == original

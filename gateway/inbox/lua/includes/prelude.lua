@@ -10,9 +10,9 @@ local function now_ms()
 end
 
 -- The chat's head entry failed once more: past `max_failures` (at once when `max_failures`
--- is 1) it moves to the dead-letter list, kept to `dead_max` entries, and its failures are
--- forgotten. True when it moved.
-local function count_failure(failures, dead, list, chat, max_failures, dead_max)
+-- is 1) it moves to the dead-letter list, kept to `dead_max` entries, and its failures and
+-- the record of its reply (`sent`: no ACK will clear it) are forgotten. True when it moved.
+local function count_failure(failures, dead, sent, list, chat, max_failures, dead_max)
   local n = redis.call('HINCRBY', failures, chat, 1)
   if n < max_failures then return false end
   local head = redis.call('LPOP', list)
@@ -21,5 +21,6 @@ local function count_failure(failures, dead, list, chat, max_failures, dead_max)
     redis.call('LTRIM', dead, 0, dead_max - 1)
   end
   redis.call('HDEL', failures, chat)
+  redis.call('HDEL', sent, chat)
   return true
 end
