@@ -165,14 +165,16 @@ JOB = obj(
                       minLength=1, maxLength=MAX_ID_LENGTH, pattern="^[!-~]+$",
                       **{"not": {"pattern": f"^{RESERVED_PREFIX}"}}),
      "priority": one_of(*PRIORITY_BASE, default="normal",
-                        description="critical needs the scope jobs:critical"),
+                        description="high needs the scope jobs:priority (or "
+                                    "jobs:critical), critical needs jobs:critical"),
      "type": one_of(*TYPE_BONUS, default="other")}, more=True)
 SUBMIT = Operation(
     "Queue a document in the pipeline",
     {202: ACCEPTED, 200: DUPLICATE},
     errors={400: "the body is not a valid job (malformed)",
             401: "the API key was revoked",
-            403: "priority critical without the scope jobs:critical",
+            403: "priority high without jobs:priority (or jobs:critical), or critical "
+                 "without jobs:critical",
             415: "the body is not declared application/json",
             429: "over [access] jobs_per_minute for this credential (rate_limited), or this "
                  "credential holds its quota of queued items (quota_exceeded)",

@@ -194,11 +194,15 @@ PAIR = Answer("an access token and its refresh token", obj({
     "expires_in": integer("seconds the access token lives", minimum=1),
     "refresh_token": string("grt_...: single use, it gives the next pair")}))
 NOT_CONFIGURED = "issuing tokens needs GATEWAY_JWT_SECRET (not_configured)"
+MAINTENANCE = "maintenance mode is on (maintenance; with Retry-After)"
 TOKEN = Operation(
-    "Issue an access token and a refresh token for an account, never wider than the issuer",
+    "Issue an access token and a refresh token for an account the issuer may mint for "
+    "(admin: any; API key: its subs patterns; access token: its own), never wider than it",
     {200: PAIR},
     errors={400: "sub is missing, or scope, topics or ttl is bad",
-            403: "wider than the issuing credential", 503: NOT_CONFIGURED},
+            401: "the issuing credential was revoked meanwhile",
+            403: "a sub the issuer may not mint for, or wider than the issuing credential",
+            503: f"{NOT_CONFIGURED}, or {MAINTENANCE}"},
     body=obj({"sub": string("the account", minLength=1, maxLength=4096)}, {
         "scope": string("space-separated scopes", default="feed:read"),
         "topics": array(string(minLength=1), "topic names or prefixes ending in *"),
@@ -208,17 +212,17 @@ TOKEN = Operation(
 REFRESH = Operation(
     "The next pair for a refresh token (which is spent)",
     {200: PAIR},
-    errors={400: "refresh_token is missing",
+    errors={400: "refresh_token is missing or not valid text",
             401: "unknown, spent or revoked refresh token (counted by the address's "
-                 "barrier)",
+                 "barrier; a spent one also ends its login and its access tokens)",
             429: "this address sent too many refused tokens: blocked for a cool-down",
-            503: NOT_CONFIGURED},
+            503: f"{NOT_CONFIGURED}, or {MAINTENANCE}"},
     body=obj({"refresh_token": TEXT}, more=True), signed=("the refresh token in the body",),
     tag="auth")
 REVOKE = Operation(
     "End an access token, or a refresh token and its whole login (RFC 7009)",
     {200: Answer("the same answer whatever the token was", obj())},
-    errors={400: "token is missing", 503: NOT_CONFIGURED},
+    errors={400: "token is missing or not valid text", 503: NOT_CONFIGURED},
     body=obj({"token": TEXT}, more=True), signed=("the token in the body",), tag="auth")
 ADMIN_REVOKE = Operation(
     "Revoke one access token (jti) or every token of an account (sub)",
@@ -226,14 +230,15 @@ ADMIN_REVOKE = Operation(
         "jti": string(), "sub": string()})}))},
     errors={400: "not exactly one of jti and sub"},
     body=obj(optional={"jti": TEXT, "sub": TEXT}, more=True), tag="admin")
-NO_ACCOUNT = "the credential has no account: use an access token with a sub"
+NO_ACCOUNT = ("the credential has no account (use an access token with a sub), or its "
+              "issuer could not read the account's conversations")
 LINK_CODE = Operation(
     "A code to link a chat to this account (send /link <code> to the bot)",
     {200: Answer("the code", obj({"code": string(pattern="^[0-9]{8}$"),
                                   "expires_in": integer(minimum=1)}))},
     errors={403: NO_ACCOUNT,
             429: "this account asked for more than [access] link_codes_per_hour codes",
-            503: "no free link code now (busy)"}, tag="auth")
+            503: f"no free link code now (busy), or {MAINTENANCE}"}, tag="auth")
 LINK = obj({"id": integer(minimum=1), "platform": string(), "chat": string(),
             "created_at": string(format="date-time")})
 LINKS = Operation("This account's chat links",
