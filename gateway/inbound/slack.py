@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -222,28 +222,39 @@ class SlackBot:
 
     async def earlier_reply(self, incoming: Incoming) -> dict[str, Any] | None:
         """Our reply to this message in the channel (or thread), its first message, if there
-        is one. Unknown
-        (the app lacks the history scope, Slack fails) counts as none: better twice than
-        never."""
+        is one: every message since it is read, page by page (the channel lists newest
+        first, so an early reply in a busy channel is on the last page), up to
+        ``EARLIER_PAGES`` pages. Unknown (the app lacks the history scope, Slack fails, more
+        messages than that) counts as none: better twice than never."""
+        ours: list[dict[str, Any]] = []
+        cursor: str | None = None
         try:
-            if incoming.thread:
-                page = await self.client.conversations_replies(
-                    channel=incoming.chat, ts=incoming.thread, oldest=incoming.message_id,
-                    include_all_metadata=True, limit=200)
+            for _ in range(EARLIER_PAGES):
+                page = await self._since(incoming, cursor)
+                ours += [dict(m) for m in page.get("messages") or [] if _answers(m, incoming)]
+                cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+                if cursor is None:
+                    break
             else:
-                page = await self.client.conversations_history(
-                    channel=incoming.chat, oldest=incoming.message_id,
-                    include_all_metadata=True, limit=200)
+                if not ours:
+                    log.warning("slack: more than %d messages since the one retried; its "
+                                "earlier reply was looked for among the newest only",
+                                EARLIER_PAGES * PAGE_SIZE)
         except SlackApiError as exc:
             log.warning("slack: cannot read the channel to check for an earlier reply (%s)",
                         exc.response.get("error", "") if exc.response else "error")
-            return None
-        ours = [message for message in page.get("messages") or []
-                if (message.get("metadata") or {}).get("event_type") == REPLY_EVENT
-                and ((message.get("metadata") or {}).get("event_payload") or {}).get(
-                    "reply_to") == incoming.message_id]
         # The reply's first message (a long one goes on in more, naming the same message).
-        return dict(min(ours, key=lambda m: float(m["ts"]))) if ours else None
+        return min(ours, key=lambda m: float(m["ts"])) if ours else None
+
+    async def _since(self, incoming: Incoming, cursor: str | None) -> AsyncSlackResponse:
+        """One page of the messages after ``incoming`` in its thread or channel."""
+        if incoming.thread:
+            return await self.client.conversations_replies(
+                channel=incoming.chat, ts=incoming.thread, oldest=incoming.message_id,
+                include_all_metadata=True, limit=PAGE_SIZE, cursor=cursor)
+        return await self.client.conversations_history(
+            channel=incoming.chat, oldest=incoming.message_id, include_all_metadata=True,
+            limit=PAGE_SIZE, cursor=cursor)
 
     @staticmethod
     def _responder(url: str) -> Send:
@@ -258,6 +269,19 @@ class SlackBot:
                 raise RuntimeError(f"slack response_url answered {response.status_code}")
 
         return send
+
+
+# The look for an earlier reply before a retried one is posted: pages of conversations.history
+# (or .replies) of at most PAGE_SIZE messages, at most EARLIER_PAGES of them.
+PAGE_SIZE = 200
+EARLIER_PAGES = 10
+
+
+def _answers(message: Mapping[str, Any], incoming: Incoming) -> bool:
+    """The message is (part of) our reply to ``incoming``: its metadata names it."""
+    metadata = message.get("metadata") or {}
+    return bool(metadata.get("event_type") == REPLY_EVENT and (
+        metadata.get("event_payload") or {}).get("reply_to") == incoming.message_id)
 
 
 class SlackReply(PlatformReply):

@@ -56,7 +56,9 @@ class Lost(enum.Enum):
 class Taken:
     chat: str
     head: str  # the encoded entry, as stored (ack compares it)
-    attempts: int = 0  # earlier attempts at the head that failed or were reclaimed
+    # Earlier attempts at the head: failed, reclaimed, or given back uncounted (a store
+    # outage, a shutdown); any of them may have sent part of its reply.
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Inbox:
         self.failures = keys.inbox(platform, "failures")
         self.dead = keys.inbox(platform, "dead")
         self.sent = keys.inbox(platform, "sent")
+        self.takes = keys.inbox(platform, "takes")
         self.prefix = keys.inbox(platform, "chat", "")
         self._lease_ms = str(int(self.limits.lease_seconds * 1000))
 
@@ -132,7 +135,7 @@ class Inbox:
 
     async def take(self, token: str, count: int) -> list[Taken]:
         flat = await self._scripts.take(
-            keys=[self.ready, self.leases, self.owners, self.failures],
+            keys=[self.ready, self.leases, self.owners, self.failures, self.takes],
             args=[token, self._lease_ms, count, self.prefix])
         return [Taken(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]))
                 for i in range(0, len(flat), 3)]
@@ -142,7 +145,8 @@ class Inbox:
         is done, or ``Lost.LEASE``."""
         result = await self.auto.run_script(
             self._scripts.ack,
-            [self.leases, self.owners, self.failures, self.chat_list(chat), self.sent],
+            [self.leases, self.owners, self.failures, self.chat_list(chat), self.sent,
+             self.takes],
             [chat, token, head, self._lease_ms])
         if result is None:
             return Lost.LEASE
@@ -155,7 +159,7 @@ class Inbox:
         moved its head to the dead letters (``at_once``: this failure does)."""
         result = await self._scripts.release(
             keys=[self.ready, self.leases, self.owners, self.failures, self.chat_list(chat),
-                  self.dead, self.sent],
+                  self.dead, self.sent, self.takes],
             args=[chat, token, int(delay * 1000), int(counted),
                   1 if at_once else self.limits.max_failures, self.limits.dead_max])
         return int(result) == 2
@@ -188,7 +192,8 @@ class Inbox:
 
     async def reclaim(self, limit: int = 100) -> int:
         return int(await self._scripts.reclaim(
-            keys=[self.ready, self.leases, self.owners, self.failures, self.dead, self.sent],
+            keys=[self.ready, self.leases, self.owners, self.failures, self.dead, self.sent,
+                  self.takes],
             args=[limit, self.limits.max_failures, self.limits.dead_max, self.prefix]))
 
     # --- operators -----------------------------------------------------------------------

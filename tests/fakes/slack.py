@@ -549,12 +549,7 @@ class FakeSlack(FakeServer):
             for m in self.messages.get(channel, [])
             if m.get("thread_ts") in (None, m["ts"]) and oldest < float(m["ts"]) <= latest
         ]
-        newest_first = list(reversed(top))
-        return {
-            "messages": newest_first[:limit],
-            "has_more": len(newest_first) > limit,
-            "response_metadata": {"next_cursor": ""},
-        }
+        return _page(list(reversed(top)), params, limit)
 
     async def _m_conversations_replies(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel(params)
@@ -567,8 +562,17 @@ class FakeSlack(FakeServer):
             for m in self.messages.get(channel, [])
             if m.get("thread_ts") == ts and m is not parent
         ]
-        return {
-            "messages": [parent, *replies],
-            "has_more": False,
-            "response_metadata": {"next_cursor": ""},
-        }
+        oldest = float(params.get("oldest") or 0)
+        later = [m for m in replies if float(m["ts"]) > oldest]
+        return _page([parent, *later], params, int(params.get("limit") or 1000))
+
+
+def _page(messages: list[dict[str, Any]], params: dict[str, Any],
+          limit: int) -> dict[str, Any]:
+    """One page of ``messages`` (in the order Slack lists them) from ``params["cursor"]``,
+    with the cursor of the next one when more are left, as Slack paginates."""
+    start = int(str(params.get("cursor") or "0").removeprefix("next:") or 0)
+    end = start + max(1, limit)
+    more = end < len(messages)
+    return {"messages": messages[start:end], "has_more": more,
+            "response_metadata": {"next_cursor": f"next:{end}" if more else ""}}

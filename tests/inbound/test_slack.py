@@ -197,11 +197,14 @@ async def test_platform_429_is_retried(start_bot: Callable[..., Any],
     assert len(fake_slack.calls_to("chat.postMessage")) == 3  # permanent: no retries
 
 
+@pytest.mark.parametrize("counted", [True, False])
 async def test_a_retried_reply_already_in_the_channel_is_not_posted_again(
         runtime: Runtime, settings: Settings, fake_slack: FakeSlack,
-        make_client: Callable[..., Any]) -> None:
-    """A holder posted the reply and died before recording it: the next holder finds the
-    reply (its metadata names the message) in the channel and posts nothing."""
+        make_client: Callable[..., Any], counted: bool) -> None:
+    """A holder posted the reply and died (a counted failure), or gave the chat back
+    uncounted (a store outage, a shutdown), before recording it; 250 messages were posted in
+    the channel since. The next holder finds the reply (its metadata names the message)
+    among them, past the first page of 200, and posts nothing."""
     from gateway.conversations.model import chat_key
     from gateway.inbound.slack import SLACK_BOT, _incoming
     from gateway.inbox.entry import Entry
@@ -230,9 +233,12 @@ async def test_a_retried_reply_already_in_the_channel_is_not_posted_again(
         assert incoming is not None
         await queue.push(chat_key(incoming), Entry(incoming), None, 60)  # no wake-up: the
         [taken] = await queue.take("dead-holder", 1)  # consumer polls only every 0.25 s
-        await queue.release(taken.chat, "dead-holder", delay=0, counted=True)
+        for n in range(250):  # a busy channel since: the reply is not on the first page
+            fake_slack.add_message(CHANNEL_ID, f"chatter {n}")
+        await queue.release(taken.chat, "dead-holder", delay=0, counted=counted)
         await wait_until(lambda: _settled(runtime), timeout=10, message="settled again")
         assert fake_slack.posted_texts(CHANNEL_ID) == [reply["text"]]
+        assert len(fake_slack.calls_to("conversations.history")) == 2  # two pages read
     finally:
         await apps.close()
 

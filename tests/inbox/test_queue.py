@@ -124,6 +124,30 @@ async def test_a_reclaim_counts_as_a_failure(runtime: Runtime) -> None:
     assert await box.depth() == {"ready_chats": 0, "leased_chats": 0, "dead": 1}
 
 
+async def test_a_head_given_back_uncounted_is_taken_as_a_retry(runtime: Runtime) -> None:
+    """A store outage or a shutdown gives the chat back without counting a failure, but its
+    holder may have sent part of the reply: the next take says the head was tried before,
+    so an adapter that can look on the platform does. A head handed on by ACK counts as
+    taken; a fresh one does not."""
+    box = inbox(runtime)
+    await box.push("a", entry("a", 1), None, 60)
+    await box.push("a", entry("a", 2), None, 60)
+    [first] = await box.take("t1", 1)
+    assert first.attempts == 0  # fresh
+    await box.release("a", "t1", delay=0, counted=False)
+    [again] = await box.take("t2", 1)
+    assert again.head == first.head and again.attempts == 1
+    following = await box.ack("a", "t2", again.head)  # the holder goes on with message 2
+    assert isinstance(following, str)
+    await box.release("a", "t2", delay=0, counted=False)
+    [second] = await box.take("t3", 1)
+    assert second.head == following and second.attempts == 1
+    assert await box.ack("a", "t3", second.head) is None
+    await box.push("a", entry("a", 3), None, 60)
+    [third] = await box.take("t4", 1)
+    assert third.attempts == 0  # a new head after the chat was done
+
+
 async def test_a_dead_lettered_head_leaves_no_sent_record(runtime: Runtime) -> None:
     """The fence's record of a head's reply goes with the head into the dead letters, by a
     release or by a reclaim: nothing is left in the ``sent`` hash (ACK is not coming)."""
