@@ -35,6 +35,7 @@ from stores import embedded_runtime, run_in_tempdir
 
 from gateway.app.worker import run_workers
 from gateway.knowledge import embedding, vectors
+from gateway.knowledge.owners import EVERYTHING
 from gateway.knowledge.stages import split_text
 from gateway.pipeline import queue
 from gateway.pipeline.stages import stats_key
@@ -69,10 +70,11 @@ async def load(rt: Runtime, rows: np.ndarray) -> float:
     await rt.pg.execute("TRUNCATE pipeline_chunks")
     await rt.pg.execute(f"DROP INDEX IF EXISTS {vectors.index_name(MODEL)}")
     vectors.forget()
-    records = ((f"c{i}", 0, "", row if pgvector else row.tolist(), MODEL)
+    records = ((f"c{i}", 0, "", row if pgvector else row.tolist(), MODEL, "ops")
                for i, row in enumerate(rows))
     await rt.pg.copy_records_to_table(
-        "pipeline_chunks", columns=["item_id", "seq", "body", "embedding", "embedder"],
+        "pipeline_chunks",
+        columns=["item_id", "seq", "body", "embedding", "embedder", "owner"],
         records=records)
     await rt.pg.execute("ANALYZE pipeline_chunks")
     return time.perf_counter() - started
@@ -82,7 +84,7 @@ async def time_queries(rt: Runtime, queries: np.ndarray) -> tuple[list[float], l
     latencies, found = [], []
     for query in queries:
         started = time.perf_counter()
-        rows = await vectors.nearest(rt, query, MODEL, K)
+        rows = await vectors.nearest(rt, query, MODEL, K, EVERYTHING)
         latencies.append(time.perf_counter() - started)
         found.append([r["item_id"] for r in rows])
     return latencies, found
@@ -136,8 +138,8 @@ async def embed_stage(rt: Runtime, texts: list[str], per_doc: int, concurrency: 
     await rt.pg.execute("TRUNCATE pipeline_chunks, pipeline_documents, pipeline_journal, "
                         "feed, feed_topics")
     await rt.pg.copy_records_to_table(
-        "pipeline_chunks", columns=["item_id", "seq", "body"],
-        records=[(f"d{i // per_doc}", i % per_doc, t) for i, t in enumerate(texts)])
+        "pipeline_chunks", columns=["item_id", "seq", "body", "owner"],
+        records=[(f"d{i // per_doc}", i % per_doc, t, "ops") for i, t in enumerate(texts)])
     for d in range(documents):
         await queue.enqueue_at(rt.durable, f"d{d}", "embed", priority="normal",
                                doc_type="other")

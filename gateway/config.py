@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -27,6 +28,9 @@ REDIS_SCHEMES = (
     "rediss+sentinel",
 )
 WEBHOOK_SCHEMES = ("standard", "github", "stripe")
+# A source name becomes part of item ids (``webhook:<source>:<id>``, read back up to the
+# first colon for the documents' owner) and of topics (``docs:src.<source>``): no colon.
+WEBHOOK_SOURCE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 
 class ConfigError(ValueError):
@@ -238,6 +242,9 @@ def parse_webhook_secrets(name: str, value: str) -> dict[str, WebhookSource]:
         source = source.strip()
         if not sep or not source or not spec:
             raise ConfigError(name, f"entry {len(sources) + 1} is not source=secret")
+        if not WEBHOOK_SOURCE.match(source):
+            raise ConfigError(name, f"source {source!r}: a name is 1-64 letters, digits "
+                              "and _ . @ -")
         scheme, colon, secret = spec.partition(":")
         if not colon or scheme not in WEBHOOK_SCHEMES:
             scheme, secret = "standard", spec

@@ -177,6 +177,33 @@ def item_owner(item_id: str) -> str | None:
     return match.group(1) if match else None
 
 
+# The namespace of what the admin token submits (its job ids are bare): the operators'.
+OPERATOR_NAMESPACE = "ops"
+WEBHOOK_ITEM_PREFIX = "webhook:"
+
+
+def webhook_namespace(source: str) -> str:
+    """A webhook source's namespace (``src.<source>``): the owner of the documents its
+    deliveries bring."""
+    return f"src.{source}"
+
+
+def document_owner(item_id: str) -> str:
+    """The namespace an item's document belongs to, read from its item id: an owned job's
+    (``k.<key id>/...``, ``u.<hash>/...``) is its submitter's, a webhook's
+    (``webhook:<source>:<delivery id>``) its source's, any other (the admin token's bare
+    job ids) the operators'. Migration 0017 applies the same rule in SQL to the documents
+    stored before owners were."""
+    owner = item_owner(item_id)
+    if owner is not None:
+        return owner
+    if item_id.startswith(WEBHOOK_ITEM_PREFIX):
+        source = item_id[len(WEBHOOK_ITEM_PREFIX):].partition(":")[0]
+        if source:
+            return webhook_namespace(source)
+    return OPERATOR_NAMESPACE
+
+
 def lock(name: str) -> str:
     return _join("lock:", name)
 

@@ -32,6 +32,8 @@ def test_defaults_without_environment() -> None:
     ({"TELEGRAM_API_URL": "not a url"}, "TELEGRAM_API_URL"),
     ({"MATTERMOST_URL": "http://mm.local"}, "MATTERMOST_TOKEN"),
     ({"GATEWAY_WEBHOOK_SECRETS": "nosecret"}, "GATEWAY_WEBHOOK_SECRETS"),
+    # A colon would blur where the source ends in its item ids (the documents' owner).
+    ({"GATEWAY_WEBHOOK_SECRETS": "a:b=whsec_c2VjcmV0"}, "GATEWAY_WEBHOOK_SECRETS"),
     ({"GATEWAY_CONFIG": "/nonexistent/gateway.toml"}, "GATEWAY_CONFIG"),
 ])
 def test_wrong_values_name_the_variable(env: dict[str, str], variable: str) -> None:

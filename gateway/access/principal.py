@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 
 from gateway import keys
+from gateway.pipeline.stages import progress_topic
 
 SCOPES = ("jobs:write", "jobs:read", "jobs:priority", "jobs:critical", "search:read",
           "feed:read", "metrics:read", "admin", "tokens:issue", "events:write",
@@ -104,7 +105,10 @@ class Principal:
         return self.topics if self.kind == "apikey" else self.link_topics
 
     def may_read(self, topic: str) -> bool:
-        return self.is_admin or any(topic_matches(p, topic) for p in self.topics)
+        """A topic its patterns match; and its own items' progress (``pipeline:<owner>``)
+        whatever its patterns, as it reads its own documents."""
+        return self.is_admin or any(topic_matches(p, topic) for p in self.topics) or (
+            topic == progress_topic(self.owner))
 
     def reads_all(self, requested: str) -> bool:
         """May it read every topic ``requested`` (a name or a pattern) names?"""

@@ -38,6 +38,9 @@ class Principal(Protocol):
     @property
     def account(self) -> str | None: ...
     @property
+    def topics(self) -> tuple[str, ...]:
+        """Its topic patterns (a name, or a prefix ending in ``*``)."""
+    @property
     def revocation_mark(self) -> str | None:
         """A revocation mark the route's own write must find absent (set only on routes
         that check it themselves, in the same script as their write); None: checked."""

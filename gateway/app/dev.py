@@ -19,11 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway import keys
 from gateway.access import tokens
 from gateway.app import serve
 from gateway.app.process import Service
 from gateway.app.worker import service as pipeline_service
 from gateway.config import Secret, Settings, parse_webhook_secrets, redact_url
+from gateway.pipeline.stages import progress_topic
 from gateway.stores import embedded
 from gateway.stores.migrate import migrate_url
 
@@ -104,17 +106,25 @@ def _announce(url: str, settings: Settings, root: Path) -> None:
     ]
     assert settings.admin_token and settings.jwt_secret
     # What a newcomer needs to call every route (README shows how): the operator's token,
-    # and an access token for an app (a day long, or the longest [access] allows; the
-    # pipeline and every conversation).
-    client = tokens.mint(settings.jwt_secret.get(), "dev-client", CLIENT_SCOPES,
-                         ("pipeline", "conversation:*"),
+    # and an access token for an app (a day long, or the longest [access] allows; its own
+    # jobs' progress and every conversation; not the operators' `pipeline`, which names
+    # every tenant's items).
+    client = tokens.mint(settings.jwt_secret.get(), CLIENT_SUB, CLIENT_SCOPES,
+                         client_topics(CLIENT_SUB),
                          min(CLIENT_TTL, tokens.max_token_seconds(settings)),
                          issuer=settings.jwt_issuer, audience=settings.jwt_audience)
     lines += [f"admin token: {settings.admin_token.get()}", f"client token: {client}"]
     print("\n".join(lines), flush=True)
 
 
+CLIENT_SUB = "dev-client"
 CLIENT_SCOPES = frozenset({"jobs:write", "jobs:read", "search:read", "feed:read"})
+
+
+def client_topics(sub: str) -> tuple[str, ...]:
+    """The dev client token's topics: the progress of its own jobs
+    (``pipeline:<its namespace>``) and the conversations."""
+    return (progress_topic(keys.owner_namespace(sub)), "conversation:*")
 CLIENT_TTL = 86400
 
 

@@ -49,7 +49,7 @@ from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
 
 # Webhook items are "webhook:<source>:<id>"; a job_id may not impersonate one.
-RESERVED_PREFIX = "webhook:"
+RESERVED_PREFIX = keys.WEBHOOK_ITEM_PREFIX
 
 
 def _bad(detail: str) -> ApiError:

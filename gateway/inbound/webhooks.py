@@ -56,7 +56,7 @@ REPLAY: web.AppKey[ReplayGuard] = web.AppKey("webhook_replay", ReplayGuard)
 def item_id_for(source: str, delivery_id: str) -> str:
     """Item ids of webhooks are ``webhook:<source>:<delivery id>``: unique per sender and
     delivery; ``POST /v1/jobs`` refuses job ids with this prefix, so the two cannot collide."""
-    return f"webhook:{source}:{delivery_id}"
+    return f"{keys.WEBHOOK_ITEM_PREFIX}{source}:{delivery_id}"
 
 
 class Verified(NamedTuple):

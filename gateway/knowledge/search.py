@@ -1,7 +1,8 @@
 """Search over embedded chunks, with answers cached in redis-cache.
 
 Cache key: ``cache:<endpoint_hash>:<params_hash>`` where the params hash covers the query,
-the limit, the configured embedder and the current *generation*. Writes that add chunks
+the limit, the configured embedder, the reader's scope (``Readable.key``: which owners'
+documents it may read) and the current *generation*. Writes that add chunks
 replace the generation (one SET: O(1) invalidation, no SCAN+DEL), which makes every older
 answer unreachable. The
 generation is a random token, not a counter: if redis-cache evicts it, a fresh random one is
@@ -20,6 +21,7 @@ from typing import Any
 
 from gateway import keys
 from gateway.knowledge import embedders, embedding, vectors
+from gateway.knowledge.owners import Readable
 from gateway.pipeline import metrics
 from gateway.stores.redis import AnyRedis
 
@@ -35,8 +37,12 @@ def generation_key() -> str:
     return keys.cache(_ENDPOINT_HASH, "generation")
 
 
-def answer_key(generation: str, query: str, limit: int, embedder: str = "") -> str:
-    params = json.dumps([generation, query, limit, embedder], separators=(",", ":"))
+def answer_key(generation: str, query: str, limit: int, embedder: str,
+               readable: Readable) -> str:
+    """The answer's key: the reader's scope is part of it, so an answer is only ever served
+    to a reader who may read every document in it."""
+    params = json.dumps([generation, query, limit, embedder, readable.key()],
+                        separators=(",", ":"))
     return keys.cache(_ENDPOINT_HASH, hashlib.sha256(params.encode()).hexdigest()[:32])
 
 
@@ -66,28 +72,42 @@ async def _generation(cache: AnyRedis) -> str:
     return str(value) if value else secrets.token_hex(8)
 
 
-async def rank(runtime: Any, query: str, limit: int,
+def result(row: Any) -> dict[str, Any]:
+    """One answer's entry: the chunk, its score, and what its document says of itself
+    (whose it is; title and url when the document has them)."""
+    found = {"item_id": row["item_id"], "text": row["body"], "score": round(row["score"], 6),
+             "owner": row["owner"]}
+    for name in ("title", "url"):
+        if row[name]:
+            found[name] = row[name]
+    return found
+
+
+async def rank(runtime: Any, query: str, limit: int, readable: Readable,
                timeout: float | None = None) -> list[dict[str, Any]]:
-    """Chunks by cosine similarity to the query, embedded by the configured embedder and
-    compared only with that model's vectors; ``timeout`` cancels the statement on the
-    server (asyncpg) past that many seconds."""
+    """Chunks ``readable`` allows by cosine similarity to the query, embedded by the
+    configured embedder and compared only with that model's vectors; ``timeout`` cancels
+    the statement on the server (asyncpg) past that many seconds."""
+    if readable.nothing:
+        return []
     embedder = embedders.for_runtime(runtime)
     vector = (await embedder.embed([query], purpose="search"))[0]
     if not vector.any():
         return []
     model = embedding.model_id(embedder.name, len(vector))
-    rows = await vectors.nearest(runtime, vector, model, limit, timeout)
-    return [{"item_id": r["item_id"], "text": r["body"], "score": round(r["score"], 6)}
-            for r in rows if r["score"] and r["score"] > 0]
+    rows = await vectors.nearest(runtime, vector, model, limit, readable, timeout)
+    return [result(r) for r in rows if r["score"] and r["score"] > 0]
 
 
-async def lookup(runtime: Any, q: str, limit: int) -> tuple[str | None, Any]:
-    """The answer cache's key for ``q`` and its cached answer (None: a miss). A cache that is
-    down or full only costs the cached answer, never the search: then the key is None too."""
+async def lookup(runtime: Any, q: str, limit: int,
+                 readable: Readable) -> tuple[str | None, Any]:
+    """The answer cache's key for ``q`` read by ``readable`` and its cached answer (None: a
+    miss). A cache that is down or full only costs the cached answer, never the search:
+    then the key is None too."""
     cache = runtime.cache
     try:
         key = answer_key(await _generation(cache), q, limit,
-                         embedding.configured(runtime.settings))
+                         embedding.configured(runtime.settings), readable)
         cached = await cache.get(key)
     except Exception:
         return None, None
@@ -104,12 +124,13 @@ async def remember(runtime: Any, key: str | None, results: list[dict[str, Any]])
             pass
 
 
-async def search(runtime: Any, q: str, limit: int = 10,
+async def search(runtime: Any, q: str, readable: Readable, limit: int = 10,
                  timeout: float | None = None) -> list[dict[str, Any]]:
-    """Ranked results for ``q``, from the answer cache when it has them."""
-    key, cached = await lookup(runtime, q, limit)
+    """Ranked results for ``q`` among the documents ``readable`` allows, from the answer
+    cache when it has them."""
+    key, cached = await lookup(runtime, q, limit, readable)
     if cached is not None:
         return list(cached)
-    results = await rank(runtime, q, limit, timeout)
+    results = await rank(runtime, q, limit, readable, timeout)
     await remember(runtime, key, results)
     return results

@@ -51,15 +51,17 @@ async def store(ctx: StageContext) -> None:
 _STORE = """
 WITH docs AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[])
-        AS t(item_id, priority, doc_type, title, url, body, document)),
+                         $6::text[], $7::text[], $8::text[])
+        AS t(item_id, priority, doc_type, title, url, body, document, owner)),
      chunks AS (DELETE FROM pipeline_chunks c USING docs WHERE c.item_id = docs.item_id),
      edges AS (DELETE FROM pipeline_edges e USING docs WHERE e.item_id = docs.item_id)
-INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body, document)
-SELECT item_id, priority, doc_type, title, url, body, document::jsonb FROM docs
+INSERT INTO pipeline_documents (item_id, priority, doc_type, title, url, body, document,
+                                owner)
+SELECT item_id, priority, doc_type, title, url, body, document::jsonb, owner FROM docs
 ON CONFLICT (item_id) DO UPDATE SET priority = EXCLUDED.priority,
     doc_type = EXCLUDED.doc_type, title = EXCLUDED.title, url = EXCLUDED.url,
-    body = EXCLUDED.body, document = EXCLUDED.document, stored_at = now()
+    body = EXCLUDED.body, document = EXCLUDED.document, owner = EXCLUDED.owner,
+    stored_at = now()
 """
 
 
@@ -79,7 +81,8 @@ async def store_many(contexts: list[StageContext]) -> None:
         title, url = doc.get("title"), doc.get("url")
         rows.append((ctx.item_id, ctx.priority, ctx.doc_type,
                      title if isinstance(title, str) else None,
-                     url if isinstance(url, str) else None, doc["text"], json.dumps(doc)))
+                     url if isinstance(url, str) else None, doc["text"], json.dumps(doc),
+                     keys.document_owner(ctx.item_id)))
     await contexts[0].conn.execute(_STORE, *_columns(rows))
 
 
@@ -100,13 +103,14 @@ def split_text(text: str, limit: int = CHUNK_CHARS) -> list[str]:
     return chunks
 
 
-async def _bodies(contexts: list[StageContext]) -> list[str]:
-    """The stored bodies of the contexts' documents, in their order, in one read; a
-    document not stored is a permanent error (of the batch, redone one item at a time)."""
+async def _bodies(contexts: list[StageContext]) -> list[tuple[str, str]]:
+    """The stored bodies of the contexts' documents and their owners, in their order, in
+    one read; a document not stored is a permanent error (of the batch, redone one item at
+    a time)."""
     rows = await contexts[0].conn.fetch(
-        "SELECT item_id, body FROM pipeline_documents WHERE item_id = ANY($1::text[])",
-        [ctx.item_id for ctx in contexts])
-    found = {row["item_id"]: str(row["body"]) for row in rows}
+        "SELECT item_id, body, owner FROM pipeline_documents"
+        " WHERE item_id = ANY($1::text[])", [ctx.item_id for ctx in contexts])
+    found = {row["item_id"]: (str(row["body"]), str(row["owner"])) for row in rows}
     if len(found) < len(contexts):
         raise PermanentError("document not stored")
     return [found[ctx.item_id] for ctx in contexts]
@@ -127,19 +131,19 @@ async def chunk(ctx: StageContext) -> None:
 
 
 _CHUNKS_INSERT = """
-INSERT INTO pipeline_chunks (item_id, seq, body)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[])
+INSERT INTO pipeline_chunks (item_id, seq, body, owner)
+SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
 """
 
 
 async def chunk_many(contexts: list[StageContext]) -> None:
     """``chunk`` for a batch: one read of the bodies, one delete, one insert."""
     rows: list[tuple[Any, ...]] = []
-    for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
+    for ctx, (body, owner) in zip(contexts, await _bodies(contexts), strict=True):
         kept = _first(ctx, split_text(body), "chunks",
                       ctx.runtime.settings.max_chunks_per_document,
                       "GATEWAY_MAX_CHUNKS_PER_DOCUMENT")
-        rows += [(ctx.item_id, seq, part) for seq, part in enumerate(kept)]
+        rows += [(ctx.item_id, seq, part, owner) for seq, part in enumerate(kept)]
     conn = contexts[0].conn
     await conn.execute("DELETE FROM pipeline_chunks WHERE item_id = ANY($1::text[])",
                        [ctx.item_id for ctx in contexts])
@@ -282,7 +286,7 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT DO NOTHING
 async def graph_many(contexts: list[StageContext]) -> None:
     """``graph`` for a batch: one read of the bodies, one insert of every edge."""
     rows: list[tuple[Any, ...]] = []
-    for ctx, body in zip(contexts, await _bodies(contexts), strict=True):
+    for ctx, (body, _) in zip(contexts, await _bodies(contexts), strict=True):
         rows += [(ctx.item_id, kind, target) for kind, target in _first(
             ctx, extract_edges(body), "edges", ctx.runtime.settings.max_edges_per_document,
             "GATEWAY_MAX_EDGES_PER_DOCUMENT")]

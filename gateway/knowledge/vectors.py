@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from pgvector import Vector
 
+from gateway.knowledge.owners import EVERYTHING, Readable
+
 log = logging.getLogger("gateway.knowledge")
 
 _LOCK_ID = 0x766563  # "vec": index creation, one process at a time
@@ -131,29 +133,86 @@ WHERE c.item_id = v.item_id AND c.seq = v.seq
 """
 
 
-def nearest_sql(pgvector: bool, model: str, dimensions: int) -> str:
-    """Rows ``(item_id, body, score)`` by cosine similarity to ``$1``, best first, ``$2`` of
-    them; only the model's own vectors."""
+def nearest_sql(pgvector: bool, model: str, dimensions: int,
+                readable: Readable = EVERYTHING, exact: bool = False) -> tuple[str, list[Any]]:
+    """``(sql, parameters after $1 and $2)``: rows ``(item_id, body, owner, title, url,
+    score)`` by cosine similarity to ``$1``, best first, ``$2`` of them; only the model's own
+    vectors, only chunks ``readable`` allows (the condition is inside the ranked statement,
+    so the ``$2`` rows are all readable ones). ``exact`` keeps the planner off the HNSW index
+    (the distance ordered by is no longer the indexed expression): an exact ranking of the
+    readable chunks, through the ``(embedder, owner)`` index."""
+    where, params = readable.sql("owner", 3)
     if pgvector:
         distance = (f"embedding::vector({int(dimensions)}) <=> "
                     f"$1::real[]::vector({int(dimensions)})")
-        return (f"SELECT item_id, body, 1 - ({distance}) AS score FROM pipeline_chunks "
-                f"WHERE embedder = '{model}' ORDER BY {distance} LIMIT $2")
-    return ("SELECT item_id, body,"
-            " (SELECT sum(a * b) FROM unnest(embedding, $1::real[]::float8[]) AS t(a, b))"
-            f" AS score FROM pipeline_chunks WHERE embedder = '{model}'"
-            " ORDER BY score DESC, item_id, seq LIMIT $2")
+        order = f"({distance}) + 0" if exact else distance
+    else:
+        distance = ("1 - (SELECT sum(a * b)"
+                    " FROM unnest(embedding, $1::real[]::float8[]) AS t(a, b))")
+        order = f"{distance}, item_id, seq"
+    # MATERIALIZED: the ranking is planned alone (the index walk), the documents' titles
+    # are joined to its few rows; the outer ORDER BY also puts the rows of an iterative
+    # walk (pgvector's relaxed order) back in exact order.
+    sql = (f"WITH found AS MATERIALIZED (SELECT item_id, seq, body, owner, {distance} AS d"
+           f" FROM pipeline_chunks WHERE embedder = '{model}' AND {where}"
+           f" ORDER BY {order} LIMIT $2)"
+           " SELECT f.item_id, f.body, f.owner, doc.title, doc.url, 1 - f.d AS score"
+           " FROM found f LEFT JOIN pipeline_documents doc ON doc.item_id = f.item_id"
+           " ORDER BY f.d, f.item_id, f.seq")
+    return sql, params
+
+
+# pgvector's largest hnsw.ef_search; an older pgvector (no iterative walk) widens a filtered
+# walk to it, then ranks exactly what it missed.
+EF_SEARCH_MAX = 1000
+ITERATIVE_VERSION = (0, 8, 0)
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in (text or "0").split("."))
+    except ValueError:
+        return (0,)
+
+
+def walk_settings(found: Layout, limit: int, filtered: bool) -> list[str]:
+    """``SET LOCAL`` statements for one HNSW walk. A walk returns at most
+    ``hnsw.ef_search`` rows, and a filter drops the unreadable ones after the walk: a
+    filtered walk on pgvector 0.8+ is iterative (``hnsw.iterative_scan``: it goes on until
+    ``limit`` rows pass the filter or ``hnsw.max_scan_tuples`` were looked at); on an older
+    one it is as wide as pgvector allows."""
+    breadth = max(EF_SEARCH, limit)
+    statements = []
+    if filtered and _version(found.version) >= ITERATIVE_VERSION:
+        statements.append("SET LOCAL hnsw.iterative_scan = relaxed_order")
+    elif filtered:
+        breadth = EF_SEARCH_MAX
+    if breadth > EF_SEARCH:
+        statements.append(f"SET LOCAL hnsw.ef_search = {int(breadth)}")
+    return statements
 
 
 async def nearest(runtime: Any, vector: np.ndarray, model: str, limit: int,
-                  timeout: float | None = None) -> list[Any]:
-    """The ``limit`` chunks nearest to ``vector`` (on the client-read pool); ``timeout``
-    cancels the statement."""
-    pgvector = (await layout(runtime)).pgvector
-    sql = nearest_sql(pgvector, model, len(vector))
-    if not pgvector or limit <= EF_SEARCH:
-        return list(await runtime.pg_reads.fetch(sql, vector.tolist(), limit, timeout=timeout))
-    # An HNSW walk returns at most ef_search rows: widen it for this statement only.
-    async with runtime.pg_reads.acquire() as conn, conn.transaction():
-        await conn.execute(f"SET LOCAL hnsw.ef_search = {int(limit)}")
-        return list(await conn.fetch(sql, vector.tolist(), limit, timeout=timeout))
+                  readable: Readable, timeout: float | None = None) -> list[Any]:
+    """The ``limit`` chunks nearest to ``vector`` among those ``readable`` allows (on the
+    client-read pool); ``timeout`` cancels each statement. With pgvector, an HNSW walk;
+    when a filtered walk found fewer than ``limit`` (the reader may read few chunks, or
+    few near this query), an exact ranking of the readable chunks follows: that happens
+    only when they are few, so it is cheap."""
+    if readable.nothing:
+        return []
+    found = await layout(runtime)
+    sql, params = nearest_sql(found.pgvector, model, len(vector), readable)
+    args = (vector.tolist(), limit, *params)
+    statements = walk_settings(found, limit, not readable.everything) if found.pgvector else []
+    pool = runtime.pg_reads
+    if not statements:
+        rows = list(await pool.fetch(sql, *args, timeout=timeout))
+    else:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("; ".join(statements))
+            rows = list(await conn.fetch(sql, *args, timeout=timeout))
+    if found.pgvector and len(rows) < limit and not readable.everything:
+        exact, _ = nearest_sql(True, model, len(vector), readable, exact=True)
+        rows = list(await pool.fetch(exact, *args, timeout=timeout))
+    return rows

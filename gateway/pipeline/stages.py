@@ -7,6 +7,15 @@ from collections.abc import Callable
 
 from gateway import keys
 
+FEED_TOPIC = "pipeline"  # every item's stage completions: the operators' topic
+
+
+def progress_topic(owner: str) -> str:
+    """``pipeline:<owner>``: the completions of one owner's items (the namespace their
+    documents belong to, ``keys.document_owner``). Every credential reads its own."""
+    return f"{FEED_TOPIC}:{owner}"
+
+
 STAGES: tuple[str, ...] = ("store", "chunk", "embed", "graph")
 # Lower score pops first.
 PRIORITY_BASE = {"critical": 10, "high": 50, "normal": 100}

@@ -1,9 +1,10 @@
 """Pipeline workers: fetch an item, heartbeat while its handler runs, journal + complete, or
 fail; on stop, finish in-flight items (or release them after a grace period).
 
-Ordering per item: handler results, the journal row and the feed row (pending, without
-its offset) commit in one PostgreSQL transaction; then the process's ``Sequencer`` numbers
-and signals the feed row, and only then COMPLETE acknowledges in Redis. A crash between the
+Ordering per item: handler results, the journal row and the feed rows (pending, without
+their offsets: one on ``pipeline``, the operators' topic, one on ``pipeline:<owner>``, the
+item's owner's) commit in one PostgreSQL transaction; then the process's ``Sequencer``
+numbers and signals the feed rows, and only then COMPLETE acknowledges in Redis. A crash between the
 commit and COMPLETE leaves the item leased; RECLAIM returns it, the next worker finds its
 journal row and acknowledges without running the handler again, so each stage's effects
 happen once; a feed row left pending is numbered by the next pass or a sweep.
@@ -26,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway import keys
 from gateway.config import Settings, positive_numbers
 from gateway.leases.maintenance import REFRESH_SECONDS, view_for
 from gateway.pipeline import metrics, queue, webhook_rows
@@ -37,13 +39,26 @@ from gateway.pipeline.handlers import (
     PermanentError,
     StageContext,
 )
-from gateway.pipeline.stages import PRIORITY_BASE, STAGES, TYPE_BONUS, next_stage, seen_key
+from gateway.pipeline.stages import (
+    FEED_TOPIC,
+    PRIORITY_BASE,
+    STAGES,
+    TYPE_BONUS,
+    next_stage,
+    progress_topic,
+    seen_key,
+)
 from gateway.push import feed
 from gateway.push.sequencer import Sequencer
 
 log = logging.getLogger("gateway.pipeline")
 
-FEED_TOPIC = "pipeline"
+
+def feed_topics(item_id: str) -> tuple[str, ...]:
+    """Where an item's stage completions go: the operators' topic and its owner's."""
+    return FEED_TOPIC, progress_topic(keys.document_owner(item_id))
+
+
 _PRIORITY_NAME = {v: k for k, v in PRIORITY_BASE.items()}
 _TYPE_NAME = {v: k for k, v in TYPE_BONUS.items()}
 # Clocks of Redis (first-seen times) and PostgreSQL (journal times) may differ by this much:
@@ -204,7 +219,7 @@ class StageWorker:
             raise
         except Exception as exc:  # the transaction itself failed: nothing committed
             errors = {lease.item_id: exc for lease in leases}
-            written, callbacks = 0, []
+            written, callbacks = set(), []
         finally:
             beat.cancel()
             if stopper:
@@ -216,7 +231,7 @@ class StageWorker:
         # RECLAIM returns what could not be acknowledged).
         redis_errors: list[Exception] = []
         if written:  # numbered before COMPLETE: an acknowledged item's feed row is readable
-            await self._sequence()
+            await self._sequence(written)
         try:
             await self._complete(done)
         except Exception as exc:
@@ -240,7 +255,7 @@ class StageWorker:
             raise redis_errors[0]
 
     async def _run(self, leases: list[queue.LeasedItem]) -> tuple[
-            dict[str, BaseException], int, list[Any]]:
+            dict[str, BaseException], set[str], list[Any]]:
         """The handler's ``prepare`` (if any) for the batch, outside any transaction; then
         the whole batch in one transaction; if any handler fails, the batch is rolled back
         and redone one item per transaction (with what ``prepare`` found), so one bad item
@@ -252,24 +267,24 @@ class StageWorker:
         try:
             prepared_seconds = await self._prepare([ctx for _, ctx in batch])
         except Exception as exc:
-            return dict.fromkeys((lease.item_id for lease in leases), exc), 0, []
+            return dict.fromkeys((lease.item_id for lease in leases), exc), set(), []
         try:
             written, callbacks = await self._transaction(batch, prepared_seconds)
             return {}, written, callbacks
         except Exception as exc:
             if len(leases) == 1 or _is_outage(exc):  # a store outage fails every item alike
-                return dict.fromkeys((lease.item_id for lease in leases), exc), 0, []
+                return dict.fromkeys((lease.item_id for lease in leases), exc), set(), []
             log.info("%s: batch of %d rolled back (%s: %s); one item per transaction",
                      self.stage, len(leases), type(exc).__name__, exc)
         errors: dict[str, BaseException] = {}
-        written, callbacks = 0, []
+        written, callbacks = set(), []
         for one in batch:
             try:
                 one_written, one_callbacks = await self._transaction([one], prepared_seconds)
             except Exception as exc:
                 errors[one[0].item_id] = exc
                 continue
-            written += one_written
+            written |= one_written
             callbacks += one_callbacks
         return errors, written, callbacks
 
@@ -289,7 +304,7 @@ class StageWorker:
         return (time.perf_counter() - started) / len(contexts)
 
     async def _transaction(self, batch: list[tuple[queue.LeasedItem, StageContext]],
-                           prepared_seconds: float = 0.0) -> tuple[int, list[Any]]:
+                           prepared_seconds: float = 0.0) -> tuple[set[str], list[Any]]:
         callbacks: list[Any] = []
         async with self.runtime.pg.acquire() as conn, conn.transaction():
             # Items whose row already exists were committed by an earlier holder: they are
@@ -309,10 +324,11 @@ class StageWorker:
             for ctx in contexts:
                 callbacks += ctx.after_commit
             # Feed rows without offsets, one statement for the batch: nothing shared is
-            # locked, so the loops and processes of every stage commit side by side.
-            written = await feed.append_pending(conn, FEED_TOPIC, [
-                (self.stage, {"item_id": ctx.item_id, "stage": self.stage})
-                for ctx in contexts])
+            # locked, so the loops and processes of every stage commit side by side. Each
+            # completion goes to the operators' topic and to its owner's.
+            written = await feed.append_pending_rows(conn, [
+                (topic, self.stage, {"item_id": ctx.item_id, "stage": self.stage})
+                for ctx in contexts for topic in feed_topics(ctx.item_id)])
             if self.stage == STAGES[0]:  # a stored webhook shows on webhook:<source> too
                 callbacks += await webhook_rows.append(
                     conn, ((ctx.item_id, ctx.document) for ctx in contexts), self.sequencer)
@@ -336,14 +352,18 @@ class StageWorker:
             for _ in group:
                 metrics.HANDLER_SECONDS.labels(self.stage).observe(elapsed)
 
-    async def _sequence(self) -> None:
-        """Number and signal the committed feed rows (with whatever other loops committed
-        meanwhile). A failure only delays them: they stay pending for the next pass or the
-        sweep, and the commit stands, so the items are still acknowledged."""
-        try:
-            await self.sequencer.sequence(FEED_TOPIC)
-        except Exception as exc:
-            log.warning("%s: feed rows left pending for the sweep: %s", self.stage, exc)
+    async def _sequence(self, topics: set[str]) -> None:
+        """Number and signal the committed feed rows of ``topics`` (with whatever other
+        loops committed meanwhile): one pass per family (``pipeline`` numbers its
+        ``pipeline:<owner>`` topics with it). A failure only delays them: they stay pending
+        for the next pass or the sweep, and the commit stands, so the items are still
+        acknowledged."""
+        roots = [t for t in sorted(topics) if not any(t.startswith(r + ":") for r in topics)]
+        for failed in await asyncio.gather(*map(self.sequencer.sequence, roots),
+                                           return_exceptions=True):
+            if isinstance(failed, BaseException):
+                log.warning("%s: feed rows left pending for the sweep: %s", self.stage,
+                            failed)
 
     async def _new_runs(self, conn: asyncpg.Connection,
                         held: list[tuple[queue.LeasedItem, tuple[str, str]]]) -> set[str]:

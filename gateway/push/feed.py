@@ -8,7 +8,9 @@ suits topics written one writer at a time (a conversation, already serialised on
 row). ``append_pending`` writes the rows without offsets and locks nothing shared; after the
 commit, ``gateway.push.sequencer`` numbers every committed pending row of the topic in one
 short transaction (``feed_number``, migration 0011) and signals them: the way for a topic
-that many writers share (``pipeline``). Either way a poller reading ``offset > N`` never
+that many writers share (``pipeline``). A pass of a topic numbers its family with it (the
+topics ``<topic>:...``: the pipeline's ``pipeline:<owner>`` rows ride on the pass of
+``pipeline``, migration 0018). Either way a poller reading ``offset > N`` never
 sees N+2 before N+1.
 """
 
@@ -113,7 +115,8 @@ async def append_many(conn: asyncpg.Connection, topic: str,
 
 _APPEND_PENDING = """
 INSERT INTO feed_pending (topic, kind, payload)
-SELECT $1, r.kind, r.payload::jsonb FROM unnest($2::text[], $3::text[]) AS r(kind, payload)
+SELECT r.topic, r.kind, r.payload::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[]) AS r(topic, kind, payload)
 """
 
 
@@ -124,14 +127,23 @@ async def append_pending(conn: asyncpg.Connection, topic: str,
     commit, :meth:`gateway.push.sequencer.Sequencer.sequence` numbers them (in the order
     given, other writers' rows perhaps in between) and signals them; returns how many rows
     were written."""
-    check_topic(topic)
-    for kind, payload in rows:
+    await append_pending_rows(conn, [(topic, kind, payload) for kind, payload in rows])
+    return len(rows)
+
+
+async def append_pending_rows(conn: asyncpg.Connection,
+                              rows: list[tuple[str, str, dict[str, Any]]]) -> set[str]:
+    """``append_pending`` for rows of several topics, ``(topic, kind, payload)`` each, in
+    one statement; returns the topics written (each needs its ``sequence`` call)."""
+    for topic, kind, payload in rows:
+        check_topic(topic)
         check_row(kind, payload)
     if not rows:
-        return 0
-    await conn.execute(_APPEND_PENDING, topic, [kind for kind, _ in rows],
-                       [_compact(payload) for _, payload in rows])
-    return len(rows)
+        return set()
+    await conn.execute(_APPEND_PENDING, [topic for topic, _, _ in rows],
+                       [kind for _, kind, _ in rows],
+                       [_compact(payload) for _, _, payload in rows])
+    return {topic for topic, _, _ in rows}
 
 
 def _compact(payload: dict[str, Any]) -> str:
@@ -140,13 +152,15 @@ def _compact(payload: dict[str, Any]) -> str:
 
 async def number_pending(conn: asyncpg.Pool | asyncpg.Connection, topic: str,
                          limit: int) -> list[FeedRow]:
-    """Give at most ``limit`` committed pending rows of ``topic`` the next offsets, in one
-    transaction of their own (the caller must not be inside one: the topic's numbering
-    lock lasts until that transaction ends); returns the rows made, in offset order."""
-    records = await conn.fetch("SELECT * FROM feed_number($1, $2)", topic, limit)
-    return sorted((FeedRow(topic, r["feed_offset"], r["feed_epoch"], r["feed_kind"],
-                           r["feed_payload"], r["feed_created_at"]) for r in records),
-                  key=lambda row: row.offset)
+    """Give at most ``limit`` committed pending rows of ``topic`` and of each topic of its
+    family (``<topic>:...``, migration 0018) the next offsets of their topics, in one
+    transaction of their own (the caller must not be inside one: the topics' numbering
+    locks last until that transaction ends); returns the rows made, by topic, in offset
+    order."""
+    records = await conn.fetch("SELECT * FROM feed_number_family($1, $2)", topic, limit)
+    return sorted((FeedRow(r["feed_topic"], r["feed_offset"], r["feed_epoch"],
+                           r["feed_kind"], r["feed_payload"], r["feed_created_at"])
+                   for r in records), key=lambda row: (row.topic, row.offset))
 
 
 async def pending_topics(pool: asyncpg.Pool | asyncpg.Connection,

@@ -11,6 +11,9 @@ advisory lock in PostgreSQL (``feed_number``), each holding it for one statement
 commit. A pass signals what it numbered after that commit, in order, so the rows of a writer
 whose rows another process numbered are signalled by that process.
 
+A pass of a topic numbers its family with it (``feed.number_pending``): the rows a writer
+put on ``<topic>:...`` beside its rows on ``<topic>`` need no pass of their own.
+
 ``run_sweeper`` numbers topics with pending rows older than ``SWEEP_AGE_SECONDS`` (their
 writer died between its commit and its pass, or PostgreSQL failed that pass): nothing
 committed is lost, it only waits for the next pass.

@@ -1,4 +1,5 @@
-"""``GET /v1/search?q=&limit=``: ranked chunks, answers cached in redis-cache.
+"""``GET /v1/search?q=&limit=``: ranked chunks of the documents the credential may read,
+answers cached in redis-cache per reader scope.
 
 A search that misses the cache embeds the query (a model call, perhaps a provider's) and asks
 PostgreSQL for the nearest chunks (an HNSW walk, or a scan where pgvector is missing), so it
@@ -21,9 +22,10 @@ from aiohttp import web
 from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.spec import Answer, Operation, Param, array, integer, number, obj, string
-from gateway.api.state import RUNTIME, principal_of
+from gateway.api.state import RUNTIME, Principal, principal_of
 from gateway.config import tunables
 from gateway.knowledge import search as pipeline_search
+from gateway.knowledge.owners import EVERYTHING, Readable
 from gateway.providers import OverBudget, ProviderError
 from gateway.stores.runtime import Runtime
 from gateway.web.shares import Shares
@@ -42,30 +44,41 @@ async def search(request: web.Request) -> web.Response:
     if not 1 <= limit <= pipeline_search.MAX_LIMIT:
         raise ApiError(400, "bad_request", f"limit must be 1-{pipeline_search.MAX_LIMIT}")
     runtime = request.app[RUNTIME]
-    key, cached = await pipeline_search.lookup(runtime, query, limit)
+    principal = principal_of(request)
+    readable = reader_scope(principal)
+    key, cached = await pipeline_search.lookup(runtime, query, limit, readable)
     if cached is not None:
         return web.json_response({"query": query, "results": cached})
-    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit,
-                          principal_of(request).owner)
+    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit, principal.owner,
+                          readable)
     await pipeline_search.remember(runtime, key, results)
     return web.json_response({"query": query, "results": results})
 
 
+def reader_scope(principal: Principal) -> Readable:
+    """The documents a credential reads: its own namespace's and those whose
+    ``docs:<owner>`` topic its patterns match; the admin token every one."""
+    if principal.is_admin:
+        return EVERYTHING
+    return Readable.of(principal.owner, principal.topics)
+
+
 async def _rank(budget: SearchBudget, runtime: Runtime, query: str, limit: int,
-                owner: str) -> list[dict[str, Any]]:
+                owner: str, readable: Readable) -> list[dict[str, Any]]:
     if budget.slots.locked():
         raise ApiError(503, "busy", "too many searches at once; retry shortly",
                        {"Retry-After": str(RETRY_SECONDS)})
     with budget.shares.hold(owner, "searches"):
-        return await _ranked(budget, runtime, query, limit)
+        return await _ranked(budget, runtime, query, limit, readable)
 
 
 async def _ranked(budget: SearchBudget, runtime: Runtime, query: str,
-                  limit: int) -> list[dict[str, Any]]:
+                  limit: int, readable: Readable) -> list[dict[str, Any]]:
     async with budget.slots:
         try:
             async with asyncio.timeout(budget.timeout):
-                return await pipeline_search.rank(runtime, query, limit, budget.timeout)
+                return await pipeline_search.rank(runtime, query, limit, readable,
+                                                  budget.timeout)
         except TimeoutError:
             raise ApiError(503, "timeout", f"the search took longer than {budget.timeout:g} s;"
                            " narrow it or retry", {"Retry-After": str(RETRY_SECONDS)}) from None
@@ -102,10 +115,13 @@ SEARCH_BUDGET: web.AppKey[SearchBudget] = web.AppKey("search_budget", SearchBudg
 
 
 SEARCH = Operation(
-    "Chunks of processed documents nearest to a query, best first",
+    "Chunks of the documents the credential may read nearest to a query, best first",
     {200: Answer("the results", obj({"query": string(), "results": array(obj(
         {"item_id": string(), "text": string("the chunk"), "score": number(
-            "cosine similarity")}))}))},
+            "cosine similarity"), "owner": string("the namespace the document belongs to"),
+         "title": string("the document's title, when it has one"),
+         "url": string("the document's url, when it has one")},
+        required=("item_id", "text", "score", "owner")))}))},
     errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, or "
                  f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}",
             429: "this credential already runs its share of the search slots",

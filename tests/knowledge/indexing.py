@@ -24,8 +24,8 @@ async def index(runtime: Any, item_id: str, text: str) -> None:
 async def leased_at_embed(runtime: Any, items: tuple[str, ...]) -> list[queue.LeasedItem]:
     """``items`` with two chunks each, enqueued at embed and leased by one FETCH."""
     await runtime.pg.copy_records_to_table(
-        "pipeline_chunks", columns=["item_id", "seq", "body"],
-        records=[(item, seq, f"{item} chunk {seq} about queues")
+        "pipeline_chunks", columns=["item_id", "seq", "body", "owner"],
+        records=[(item, seq, f"{item} chunk {seq} about queues", "ops")
                  for item in items for seq in range(2)])
     for item in items:
         await queue.enqueue_at(runtime.durable, item, "embed", priority="normal",

@@ -14,6 +14,7 @@ import pytest
 from gateway.app.worker import run_workers
 from gateway.config import ConfigError
 from gateway.knowledge import search, vectors
+from gateway.knowledge.owners import EVERYTHING
 from gateway.pipeline import queue
 from gateway.pipeline.stages import dead_key, meta_key, stats_key
 from gateway.stores.runtime import Runtime, open_runtime
@@ -116,7 +117,7 @@ async def test_more_dimensions_than_hnsw_takes_are_searched_without_an_index(
             await index(rt, "b", "second document")
             assert await rt.pg.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = $1",
                                         vectors.index_name("wide:big@2048")) == 0
-            found = await search.search(rt, "second document")
+            found = await search.search(rt, "second document", EVERYTHING)
             assert found[0]["item_id"] == "b" and found[0]["score"] > 0.999
         finally:
             await rt.close()

@@ -30,7 +30,8 @@ async def test_search_ranks_by_cosine_and_caches(runtime, make_client):
     body = await resp.json()
     assert body["query"] == "redis priority queues"
     assert body["results"][0]["item_id"] == "redis"
-    assert set(body["results"][0]) == {"item_id", "text", "score"}
+    assert set(body["results"][0]) == {"item_id", "text", "score", "owner"}
+    assert body["results"][0]["owner"] == "ops"  # the admin token's bare job id
     cached = [k async for k in runtime.cache.scan_iter("cache:*")]
     assert len(cached) == 2  # generation + one answer
     assert [await runtime.cache.ttl(k) > 0 for k in cached] == [True, True]

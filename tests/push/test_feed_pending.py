@@ -256,7 +256,10 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
             return int(await runtime.durable.hget(stats_key("graph"), "completed") or 0) == 3
 
         await wait_until(graphed, timeout=20, message="3 items through every stage")
-        assert await runtime.pg.fetchval("SELECT count(*) FROM feed_pending") == 12
+        # Each completion on the operators' topic and on its owner's (the admin's: ops).
+        assert dict(await runtime.pg.fetch("SELECT topic, count(*) FROM feed_pending"
+                                           " GROUP BY topic")) == {"pipeline": 12,
+                                                                   "pipeline:ops": 12}
         assert (await feed.read(runtime.pg, "pipeline", 0, 100))[1] == []
         broken = False
         monkeypatch.setattr(sequencer_module, "SWEEP_AGE_SECONDS", 0.0)
@@ -269,10 +272,11 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
         stop.set()
         async with asyncio.timeout(10):
             await workers
-    rows = (await feed.read(runtime.pg, "pipeline", 0, 100))[1]
-    assert [r.offset for r in rows] == list(range(1, 13))
-    assert sorted((r.payload["item_id"], r.kind) for r in rows) == sorted(
-        (f"doc{i}", stage) for i in range(3) for stage in STAGES)
+    for topic in ("pipeline", "pipeline:ops"):
+        rows = (await feed.read(runtime.pg, topic, 0, 100))[1]
+        assert [r.offset for r in rows] == list(range(1, 13))
+        assert sorted((r.payload["item_id"], r.kind) for r in rows) == sorted(
+            (f"doc{i}", stage) for i in range(3) for stage in STAGES)
 
 
 async def _all(read, count: int) -> bool:  # type: ignore[no-untyped-def]
