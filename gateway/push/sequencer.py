@@ -12,7 +12,8 @@ commit. A pass signals what it numbered after that commit, in order, so the rows
 whose rows another process numbered are signalled by that process.
 
 A pass of a topic numbers its family with it (``feed.number_pending``): the rows a writer
-put on ``<topic>:...`` beside its rows on ``<topic>`` need no pass of their own.
+put on ``<topic>:...`` beside its rows on ``<topic>`` need no pass of their own, and each
+family topic gets one signal per pass, for its last row (``signalled``).
 
 ``run_sweeper`` numbers topics with pending rows older than ``SWEEP_AGE_SECONDS`` (their
 writer died between its commit and its pass, or PostgreSQL failed that pass): nothing
@@ -82,7 +83,7 @@ class Sequencer:
                     rows += batch
                     if len(batch) < PASS_ROWS:
                         break
-            await feed.publish_many(self.cache, rows)
+            await feed.publish_many(self.cache, signalled(topic, rows))
             state.covered = max(state.covered, target)
             return rows
         finally:
@@ -118,6 +119,18 @@ class Sequencer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SWEEP_SECONDS if interval is None else interval):
                     await stop.wait()
+
+
+def signalled(topic: str, rows: list[FeedRow]) -> list[FeedRow]:
+    """The rows a pass of ``topic`` signals: each of the topic's own, and the last of each
+    topic of its family. A signal says "the topic has offset N now"; a listener that had
+    N - k reads the rows between from the feed (the hub: once for all its clients), so a
+    family topic costs one PUBLISH per pass, not one per row."""
+    last: dict[str, FeedRow] = {}
+    for row in rows:
+        if row.topic != topic:
+            last[row.topic] = row
+    return [row for row in rows if row.topic == topic] + list(last.values())
 
 
 def _retrieve(task: asyncio.Task[list[FeedRow]]) -> None:
