@@ -118,10 +118,9 @@ SEARCH = Operation(
     "Chunks of the documents the credential may read nearest to a query, best first",
     {200: Answer("the results", obj({"query": string(), "results": array(obj(
         {"item_id": string(), "text": string("the chunk"), "score": number(
-            "cosine similarity"), "owner": string("the namespace the document belongs to"),
-         "title": string("the document's title, when it has one"),
-         "url": string("the document's url, when it has one")},
-        required=("item_id", "text", "score", "owner")))}))},
+            "cosine similarity"), "owner": string("the namespace the document belongs to")},
+        {"title": string("the document's title, when it has one"),
+         "url": string("the document's url, when it has one")}))}))},
     errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, or "
                  f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}",
             429: "this credential already runs its share of the search slots",
