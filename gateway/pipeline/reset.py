@@ -16,7 +16,10 @@ lost it: nothing holds its document any more. Reset finds those items in ADD's d
 claims, so that the senders' redelivery or a resubmission is accepted, not refused as a
 duplicate.
 
-Refused unless maintenance is on: the workers must hold nothing while the state is rebuilt.
+Refused unless maintenance is on, and while a worker still holds an item (a live lease:
+maintenance stops new takes, but what a worker holds it finishes, or gives back, within its
+grace; a lease whose holder died and whose deadline has passed does not count): rebuilding
+the positions under a holder would have its COMPLETE move an item the reset put back.
 """
 
 from __future__ import annotations
@@ -75,8 +78,27 @@ def _fields(raw: str) -> tuple[str, str, str, str, str | None]:
             payload_of(raw))
 
 
+class StillHeld(RuntimeError):
+    """Workers hold items: the reset would rebuild the positions under them."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} item(s) still held by workers")
+        self.count = count
+
+
+async def held(durable: Any) -> int:
+    """Items under a live lease: their deadline (Redis time, ms) has not passed."""
+    seconds, micros = await durable.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    return sum([int(await durable.zcount(deadline_key(stage), f"({now_ms}", "+inf"))
+                for stage in STAGES])
+
+
 async def reset(runtime: Any, batch: int = BATCH) -> ResetReport:
     durable, report = runtime.durable, ResetReport()
+    holding = await held(durable)
+    if holding:
+        raise StillHeld(holding)
     live: dict[str, str] = {}
     async for item, raw in durable.hscan_iter(meta_key(), count=batch):
         live[item] = raw
@@ -154,7 +176,13 @@ async def _main(settings: Settings, full_reset: bool) -> int:
             print("gateway recover --reset: maintenance mode is off; run `gateway "
                   "maintenance on` first (workers must hold nothing)", file=sys.stderr)
             return 1
-        report = await reset(runtime)
+        try:
+            report = await reset(runtime)
+        except StillHeld as exc:
+            print(f"gateway recover --reset: {exc.count} item(s) still held by workers "
+                  "(maintenance stops new takes; each holder finishes or gives back what it "
+                  "holds, or its lease runs out); run it again once none is", file=sys.stderr)
+            return 1
     finally:
         await runtime.close()
     print(f"reset: {report.requeued} items back at the first stage their journal lacks, "

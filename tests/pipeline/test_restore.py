@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.conversations.service import Incoming, handle_incoming
 from gateway.pipeline import queue
-from gateway.pipeline.stages import STAGES
+from gateway.pipeline.stages import STAGES, inflight_key
 from gateway.stores import embedded
 from gateway.stores.runtime import Runtime
 from tests.conftest import ServerSet
@@ -105,6 +105,21 @@ async def test_reset_is_refused_outside_maintenance(runtime: Runtime,
                                                     servers: ServerSet) -> None:
     code, _, err = await gateway_cli(servers, "recover", "--reset")
     assert code == 1 and "maintenance" in err
+
+
+async def test_reset_is_refused_while_a_worker_holds_an_item(runtime: Runtime,
+                                                              servers: ServerSet) -> None:
+    """Maintenance stops new takes, not what a worker holds: while it holds an item the
+    reset is refused and changes nothing; once the worker is done it runs."""
+    assert await queue.enqueue(runtime.durable, "held", {"text": "document held"})
+    lease = await queue.fetch(runtime.durable, "store", "a-worker", 60_000)
+    assert lease is not None
+    await cli(servers, "maintenance", "on", "--reason", "restore from backup")
+    code, _, err = await gateway_cli(servers, "recover", "--reset")
+    assert code == 1 and "1 item(s) still held by workers" in err
+    assert await runtime.durable.hexists(inflight_key("store"), "held")  # nothing rebuilt
+    await queue.complete(runtime.durable, lease)  # the worker finishes what it held
+    assert "reset: 1 items back" in await cli(servers, "recover", "--reset")
 
 
 async def _at_least(runtime: Runtime, count: int) -> Any:
