@@ -4,6 +4,7 @@ and its generations, parameter checks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import asyncpg
@@ -12,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from gateway.knowledge import search
 from gateway.push import feed
+from gateway.stores.runtime import open_runtime
 from gateway.web.app import create_app
 from tests.helpers import wait_until
 from tests.knowledge.indexing import index as _index
@@ -72,11 +74,6 @@ def _metric(result: str) -> float:
 async def test_searches_are_bounded_in_number_and_time(runtime, make_client, monkeypatch):
     """More searches at once than the budget: 503 + Retry-After at once, not a queue on the
     database pool; a statement past its time is cancelled: 503 too."""
-    import asyncio
-    import dataclasses
-
-    from gateway.stores.runtime import open_runtime
-
     await _index(runtime, "doc-1", "Redis sorted sets hold the pipeline's priority queues.")
     started, release = asyncio.Event(), asyncio.Event()
     real_rank = search.rank
@@ -123,9 +120,12 @@ async def test_the_feed_answers_while_many_searches_run(runtime, make_client):
     async with runtime.pg.acquire() as conn, conn.transaction():
         for i in range(3):
             await feed.append(conn, "pipeline", "store", {"item_id": f"doc-{i}"})
-    app = create_app(runtime, components=("gateway.web.health", "gateway.web.search",
-                                          "gateway.push.web"))
-    client = await make_client(app)
+    # The process's budget, not one credential's share (every search here is the admin's).
+    rt = await open_runtime(dataclasses.replace(
+        runtime.settings, sections={"search": {"per_credential": 12}}))
+    app = create_app(rt, components=("gateway.web.health", "gateway.web.search",
+                                     "gateway.push.web"))
+    client = await make_client(app, rt=rt)
     locker = await asyncpg.connect(runtime.settings.database_url)
     searches: list[asyncio.Task] = []
     try:
@@ -171,3 +171,4 @@ async def test_the_feed_answers_while_many_searches_run(runtime, make_client):
         for task in searches:
             task.cancel()
         await locker.close()
+        await rt.close()
