@@ -18,7 +18,12 @@ clients) cannot take the descriptors that platform deliveries and the balancer's
 Idle connections, and connections that send no complete request head, are closed by
 aiohttp's keep-alive timer (``idle_seconds``), which also runs from the moment a connection
 opens: a slow-header client holds its descriptor at most that long. Slow bodies are cut by
-``body_seconds`` where the body is read (``gateway.inbound.http_intake``)."""
+``body_seconds`` where the body is read (``gateway.inbound.http_intake``).
+
+What aiohttp's HTTP parser refuses before any route runs (a request line or header over
+8,190 bytes, a control character in a header, raw bytes in the target) is answered here with
+the same status as every other error, ``{"error", "detail"}`` JSON, where aiohttp would answer
+plain text quoting the refused line, which can hold a query's ``access_token``."""
 
 from __future__ import annotations
 
@@ -28,8 +33,11 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from gateway.api.connection_settings import ConnectionSettings
+from gateway.api.errors import json_error
 from gateway.api.state import OVER_CAP
 from gateway.config import Settings
 from gateway.security.brute import BruteSettings, group, is_trusted
@@ -184,11 +192,38 @@ class GatedSite(web.TCPSite):
         assert server is not None
         factory: Callable[[], asyncio.Protocol] = server
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Admitted(self.gate, factory()), self._host, self._port,
+            lambda: _Admitted(self.gate, _json_errors(factory())), self._host, self._port,
             backlog=self._backlog, reuse_address=self._reuse_address,
             reuse_port=self._reuse_port)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+PARSER_REFUSAL = ("the request could not be read as HTTP (a request line or header over "
+                  "8190 bytes, a control character in a header, or raw bytes in the target)")
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's request handler, answering its own errors (a request its parser refused) as
+    JSON that quotes nothing of the request."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        refused = super().handle_error(request, status, exc, message)  # logs (parser_log)
+        detail = PARSER_REFUSAL if refused.status < 500 else "unexpected error; see server log"
+        answer = json_error(refused.status, None, detail)
+        answer.force_close()
+        return answer
+
+
+def _json_errors(handler: asyncio.Protocol) -> asyncio.Protocol:
+    """The handler aiohttp's server made, as a ``_JsonErrors`` (same slots, one method more):
+    made by the server, so its arguments stay the server's."""
+    handler.__class__ = _JsonErrors
+    return handler
 
 
 def runner_options(settings: Settings) -> dict[str, Any]:

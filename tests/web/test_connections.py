@@ -187,3 +187,27 @@ async def test_a_body_that_does_not_arrive_in_time_gets_408(serve: Serve) -> Non
         writer.close()
     assert raw.startswith(b"HTTP/1.1 408")
     assert b'"request_timeout"' in raw
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /v1/stream?topics=pipeline&access_token=SECRET-TOKEN&since=" + b"0" * 9000,
+    b"GET /v1/feed?topic=pipeline HTTP/1.1\r\nX-Big: SECRET-TOKEN" + b"y" * 9000,
+    b"GET /v1/feed?topic=pipeline HTTP/1.1\r\nX-Ctl: SECRET-TOKEN\x01",
+], ids=["line-too-long", "header-too-long", "header-control"])
+async def test_what_the_parser_refuses_is_a_json_400_quoting_nothing(
+        serve: Serve, head: bytes) -> None:
+    """aiohttp answers these before any route, as plain text quoting the refused line (with
+    a query's access_token); the gated site of serve answers JSON like every other error."""
+    port = await serve()
+    reader, writer = await idle(port, "127.0.0.2")
+    writer.write(head + (b"" if b"HTTP/1.1" in head else b" HTTP/1.1") + b"\r\nHost: x\r\n\r\n")
+    try:
+        async with asyncio.timeout(10):
+            raw = await reader.read()  # the answer, then the close
+    finally:
+        writer.close()
+    answer_head, _, body = raw.partition(b"\r\n\r\n")
+    assert answer_head.split(b" ")[1] == b"400", answer_head
+    assert b"Content-Type: application/json" in answer_head, answer_head
+    assert json.loads(body)["error"] == "bad_request"
+    assert b"SECRET-TOKEN" not in raw
