@@ -157,7 +157,10 @@ def make_feed_handler(runtime: Runtime) -> Callable[[web.Request], Awaitable[web
     return get_feed
 
 
-TOPIC = string("a topic, e.g. pipeline or conversation:<id>", pattern=TOPIC_RE.pattern)
+TOPIC = string("a topic, e.g. pipeline or conversation:<id>", pattern=TOPIC_RE.pattern,
+               examples=["pipeline"])
+_ONE = TOPIC_RE.pattern.strip("^$")
+TOPICS = string("comma-separated topics", pattern=f"^{_ONE}(,{_ONE})*$", examples=["pipeline"])
 OFFSET = integer(minimum=0, maximum=MAX_OFFSET)
 ROW = obj({"topic": string(), "offset": OFFSET, "epoch": integer(), "kind": string(),
            "payload": obj(more=True), "created_at": string(format="date-time")})
@@ -174,18 +177,25 @@ FEED = Operation(
             Param("limit", integer(minimum=1, maximum=feed.MAX_READ_LIMIT,
                                    default=DEFAULT_LIMIT), "how many rows at most")),
     tag="feed")
-CURSOR = string("<topic>:<offset>,... as the last event's id",
-                maxLength=MAX_CURSOR_CHARS)
+_POSITION = f"{_ONE}:[0-9]{{1,19}}"
+CURSOR = string("<topic>:<offset>,... as the last event's id", maxLength=MAX_CURSOR_CHARS,
+                pattern=f"^({_POSITION}(,{_POSITION})*)?$", examples=["pipeline:0"])
 STREAM = Operation(
     "Server-sent events of topics' new rows, resuming after a cursor",
-    {200: Answer("an event stream: one event per row (named by its kind, the row as data, "
-                 "the cursor as id), comments as heartbeats, gateway.disconnect before the "
-                 "server ends it", string(), media="text/event-stream")},
+    {200: Answer("an event stream (the schema is one event's): one event per row, named by its "
+                 "kind, with the row as data and the stream's cursor as id; comments as "
+                 "heartbeats; gateway.disconnect before the server ends it",
+                 obj(optional={"event": string("the row's kind, or gateway.disconnect"),
+                               "data": string("the row as JSON (as /v1/feed gives it), or "
+                                              "the reason of a disconnect"),
+                               "id": string("the cursor to resume from (Last-Event-ID)"),
+                               "retry": integer(minimum=0)}),
+                 media="text/event-stream")},
     errors={400: "topics is missing or names a bad topic or too many, or the cursor is bad",
             403: "the credential may not read a topic named",
             429: "this client address holds [push] max_streams_per_client streams",
             503: "this process holds its most streams"},
-    params=(Param("topics", string("comma-separated topics", minLength=1), "the topics",
+    params=(Param("topics", TOPICS, "the topics",
                   required=True),
             Param("since", CURSOR, "resume after these offsets (as Last-Event-ID)"),
             Param("Last-Event-ID", CURSOR, "resume after this event", where="header")),

@@ -229,7 +229,8 @@ ADMIN_REVOKE = Operation(
     {200: Answer("what was revoked", obj({"revoked": obj(optional={
         "jti": string(), "sub": string()})}))},
     errors={400: "not exactly one of jti and sub"},
-    body=obj(optional={"jti": TEXT, "sub": TEXT}, more=True), tag="admin")
+    body={**obj(optional={"jti": TEXT, "sub": TEXT}, more=True),
+          "oneOf": [{"required": ["jti"]}, {"required": ["sub"]}]}, tag="admin")
 NO_ACCOUNT = ("the credential has no account (use an access token with a sub), or its "
               "issuer could not read the account's conversations")
 LINK_CODE = Operation(

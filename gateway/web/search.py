@@ -126,7 +126,7 @@ SEARCH = Operation(
             429: "this credential already runs its share of the search slots",
             503: "too many searches at once (busy), the search took too long (timeout), or "
                  "the query could not be embedded (over_budget, embedder_unavailable)"},
-    params=(Param("q", string(minLength=1, maxLength=pipeline_search.MAX_QUERY),
+    params=(Param("q", string(minLength=1, maxLength=pipeline_search.MAX_QUERY, examples=["hello"]),
                   "the query", required=True),
             Param("limit", integer(minimum=1, maximum=pipeline_search.MAX_LIMIT, default=10),
                   "how many results at most")),
