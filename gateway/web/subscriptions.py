@@ -226,7 +226,8 @@ PAUSE = Operation("Pause a subscription (its rows wait)", _ONE, errors=_NOT_FOUN
 RESUME = Operation("Resume a subscription (its last error forgotten, tried at once)", _ONE,
                    errors=_NOT_FOUND, params=_ID, body_required=False, tag=TAG)
 REPLAY = Operation("Deliver again from offset after + 1", _ONE,
-                   errors={**_NOT_FOUND, 400: "after is not an offset"}, params=_ID,
+                   errors={**_NOT_FOUND, 400: "after is not an offset",
+                           415: "the body is not declared application/json"}, params=_ID,
                    body=obj({"after": integer(minimum=0)}), tag=TAG)
 FAILURES = Operation(
     "The rows given up on after the retry schedule", {200: Answer("oldest first", obj({
