@@ -28,6 +28,7 @@ TARGETS: dict[str, str] = {
     "maintenance": "gateway.app.maintenance:main",
     "apikey": "gateway.access.apikeys:main",
     "token": "gateway.access.tokens:main_token",
+    "barrier": "gateway.security.blocks:main",
 }
 
 
@@ -89,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_parser("list", help="one JSON object per key (never the key itself)")
     actions.add_parser("revoke", help="refused on every replica from the next request"
                        ).add_argument("id")
+
+    p = sub.add_parser("barrier", help="addresses the brute-force barrier blocks: list, "
+                       "clear ADDRESS|--all")
+    actions = p.add_subparsers(dest="barrier_action", required=True)
+    actions.add_parser("list", help="one JSON object per blocked address")
+    cleared = actions.add_parser("clear", help="lift one address's block, or every block")
+    cleared.add_argument("address", nargs="?", help="an address (IPv6: any in the /64)")
+    cleared.add_argument("--all", action="store_true", help="every block")
 
     p = sub.add_parser("token", help="mint an access token (GATEWAY_JWT_SECRET)")
     p.add_argument("--sub", required=True)

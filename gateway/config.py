@@ -125,6 +125,9 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     # Set by `gateway serve --telegram-polling`, not by the environment.
     telegram_polling: bool = False
+    # Set by `gateway dev`, not by the environment: a developer's machine (the brute-force
+    # barrier leaves loopback clients alone).
+    dev: bool = False
     # Free-form sections of the TOML file (handlers, limits, ...) for the modules that own them.
     sections: Mapping[str, Any] = field(default_factory=dict)
 

@@ -91,6 +91,7 @@ def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], di
     if not settings.webhook_sources:
         changes["webhook_sources"] = parse_webhook_secrets(
             "GATEWAY_WEBHOOK_SECRETS", f"demo={found['webhook_secret']}")
+    changes["dev"] = True  # loopback clients are never locked out by the barrier
     return dataclasses.replace(settings, **changes), servers, found
 
 

@@ -56,7 +56,8 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
     auto = durable_pipeline(runtime)
     inbound = Inbound(runtime.settings, auto, Intaker(auto, runtime.settings.dedup_ttl),
                       BruteBarrier(auto, BruteSettings.from_section(
-                          runtime.settings.section("security"))),
+                          runtime.settings.section("security"),
+                          exempt_loopback=runtime.settings.dev)),
                       view_for(runtime.durable),
                       Admission(runtime.durable, runtime.settings.section("admission")),
                       quotas.QuotaSettings.from_section(runtime.settings.section("quotas")))

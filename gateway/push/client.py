@@ -41,6 +41,18 @@ class PushError(RuntimeError):
     """The server refused the stream or the feed (status and JSON error in the message)."""
 
 
+class AccessRefused(PushError):
+    """The server answered 401 (no credential, or one it refuses) or 403 (a credential
+    without ``feed:read`` or one of the topics): retrying cannot help, so it stops the
+    PushClient (``get()`` raises it). With a refreshing credential (one with
+    ``invalidate()``, like ``TokenRefresher``) a 401 is first retried once with a new token.
+    ``status`` is the answer's status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RefreshRefused(Exception):
     """The refresh token was refused (401: expired, revoked, or reused after its rotation):
     only a new login helps. It stops the PushClient: ``get()`` raises it."""
@@ -199,6 +211,7 @@ class PushClient:
         self.gap_fills = 0
         self.lost_to_retention = 0
         self.last_disconnect_reason: str | None = None
+        self._retried_refused = False  # a 401 was retried once since the last connect
 
     # --- public ----------------------------------------------------------------------
 
@@ -280,9 +293,19 @@ class PushClient:
 
     async def _refusal(self, what: str, resp: aiohttp.ClientResponse) -> PushError:
         """The error of a refused stream or feed read; a 401 also tells the credential."""
+        body = (await resp.text())[:300]
         if resp.status == 401:
             self._credential_ended()
-        return PushError(f"{what} answered {resp.status}: {(await resp.text())[:300]}")
+            return AccessRefused(
+                f"{what} answered 401 {body}: no credential, or one the server refuses; "
+                "pass headers={'Authorization': 'Bearer <token>'} or credential=...", 401)
+        if resp.status == 403:
+            return AccessRefused(f"{what} answered 403 {body}: the credential may not read "
+                                 "these topics (it needs feed:read and each topic)", 403)
+        return PushError(f"{what} answered {resp.status}: {body}")
+
+    def _refreshable(self) -> bool:
+        return callable(getattr(self._credential, "invalidate", None))
 
     def _credential_ended(self) -> None:
         invalidate = getattr(self._credential, "invalidate", None)
@@ -299,6 +322,15 @@ class PushClient:
             try:
                 await self._stream_once()
                 backoff = 0.05
+            except AccessRefused as exc:
+                # Retrying with the same credential cannot help: stop, saying why. A 401
+                # with a refreshing credential gets one new token first (it may have ended
+                # between our last refresh and the request).
+                if exc.status != 401 or not self._refreshable() or self._retried_refused:
+                    log.warning("push client stops: %s", exc)
+                    raise
+                self._retried_refused = True
+                log.info("push: credential refused, retrying once with a new one")
             except (aiohttp.ClientError, TimeoutError, PushError, ValueError) as exc:
                 log.info("push stream interrupted: %s", exc)
             self._connected.clear()
@@ -321,6 +353,7 @@ class PushClient:
                 raise await self._refusal("stream", resp)
             self._adopt_start(resp.headers)
             self.connects += 1
+            self._retried_refused = False
             await self._fill_all()  # subscribed first (the server did), now read, then merge
             self._connected.set()
             await self._consume(resp.content)

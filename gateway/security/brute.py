@@ -28,7 +28,10 @@ so someone else's misconfigured hook cannot get the platform's deliveries to us 
 Configuration (TOML ``[security]``): ``brute_max_failures`` (10), ``brute_window`` (60 s),
 ``brute_cooldown`` (300 s), ``trusted_proxies`` (addresses or networks, default none),
 ``never_block`` (addresses or networks, default none), ``brute_cache_seconds`` (1 s, see
-``BruteBarrier``).
+``BruteBarrier``). Under ``gateway dev`` (``exempt_loopback``, never set by ``serve``) loopback
+clients are neither checked nor counted: on a developer's own machine a few wrong credentials
+must not lock the developer out of their own stack. Blocks are listed and lifted by
+``gateway barrier`` and ``/v1/admin/barrier`` (``gateway.security.blocks``).
 """
 
 from __future__ import annotations
@@ -72,12 +75,16 @@ class BruteSettings:
     trusted_proxies: tuple[Network, ...] = ()
     cache_seconds: float = 1.0
     never_block: tuple[Network, ...] = ()
+    # `gateway dev` only: loopback clients are neither checked nor counted.
+    exempt_loopback: bool = False
 
     @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> BruteSettings:
+    def from_section(cls, section: Mapping[str, Any], *,
+                     exempt_loopback: bool = False) -> BruteSettings:
         tuned = positive_numbers(section, _TUNABLE, "GATEWAY_CONFIG [security]",
                                  other=("trusted_proxies", "never_block"))
         return cls(
+            exempt_loopback=exempt_loopback,
             max_failures=int(tuned.get("brute_max_failures", cls.max_failures)),
             window=int(tuned.get("brute_window", cls.window)),
             cooldown=int(tuned.get("brute_cooldown", cls.cooldown)),
@@ -108,6 +115,20 @@ def is_trusted(address: str, proxies: Iterable[Network]) -> bool:
     except ValueError:
         return False
     return any(ip in net for net in proxies)
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8 or ::1, as ``group`` gives it (IPv6 by its /64: ``::/64`` holds ::1 and
+    no other address a client can have)."""
+    try:
+        net = ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        return False
+    return net.is_loopback or (net.version == 6 and net.prefixlen >= 64
+                               and _IPV6_LOOPBACK in net)
+
+
+_IPV6_LOOPBACK = ipaddress.ip_address("::1")
 
 
 NOBODY = ""  # no countable address: neither checked nor counted (a proxy is never blocked)
@@ -150,10 +171,14 @@ def client_ip(request: web.Request, trusted_proxies: tuple[Network, ...],
 class BruteBarrier:
     """Check before verifying, count after a failed verification.
 
-    Redis holds the truth; each process also remembers the blocks it has seen until they end,
-    and that an address was not blocked for ``cache_seconds`` (1 s), so a steady sender costs
-    one Redis read per address per second instead of one per request. A block set by another
-    process is therefore honoured here at most ``cache_seconds`` late.
+    Redis holds the truth; each process also remembers, for ``cache_seconds`` (1 s), that an
+    address was blocked (and until when) or was not, so a steady sender, blocked or not,
+    costs one Redis read per address per second instead of one per request. A block set by
+    another process is therefore honoured here at most ``cache_seconds`` late, and a block
+    lifted by ``gateway barrier clear`` ends here as late.
+
+    A new block is logged once, with the address, the failures that caused it and the
+    cool-down, so an operator sees why a client gets 429 and how to lift it.
     """
 
     MAX_REMEMBERED = 10_000
@@ -163,7 +188,8 @@ class BruteBarrier:
         self.auto = auto
         self.config = config
         self._fail: AsyncScript = auto.redis.register_script(_FAIL)
-        self._blocked_until: dict[str, float] = {}
+        # address -> (end of its block, end of this process's trust in that answer)
+        self._blocked_until: dict[str, tuple[float, float]] = {}
         self._clear_until: dict[str, float] = {}
         self._warned_forwarders: set[str] = set()
 
@@ -187,35 +213,48 @@ class BruteBarrier:
                     "barrier counts %s itself; if it is a reverse proxy, list it there, or "
                     "the clients behind it are blocked together", peer, ip)
 
+    def _exempt(self, ip: str) -> bool:
+        """Neither checked nor counted: no countable address, or a loopback client under
+        ``gateway dev``."""
+        return ip == NOBODY or (self.config.exempt_loopback and is_loopback(ip))
+
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""
-        if ip == NOBODY:
+        if self._exempt(ip):
             return
         now = time.monotonic()
-        until = self._blocked_until.get(ip, 0.0)
-        if until > now:
+        until, checked = self._blocked_until.get(ip, (0.0, 0.0))
+        if until > now and checked > now:
             raise self.refusal(math.ceil(until - now))
         if self._clear_until.get(ip, 0.0) > now:
             return
         remaining = int(await self.auto.execute("TTL", block_key(ip)))
         if remaining > 0:
-            self._remember(self._blocked_until, ip, now + remaining)
+            self._remember(self._blocked_until, ip,
+                           (now + remaining, now + self.config.cache_seconds))
             raise self.refusal(remaining)
+        self._blocked_until.pop(ip, None)
         self._remember(self._clear_until, ip, now + self.config.cache_seconds)
 
     async def record_failure(self, ip: str) -> int:
         """Count one failure; the cool-down in seconds when this one blocked the address."""
-        if ip == NOBODY:
+        if self._exempt(ip):
             return 0
         blocked = int(await self._fail(keys=[fail_key(ip), block_key(ip)],
                                        args=[self.config.max_failures, self.config.window,
                                              self.config.cooldown]))
         if blocked:
+            now = time.monotonic()
             self._clear_until.pop(ip, None)
-            self._remember(self._blocked_until, ip, time.monotonic() + blocked)
+            self._remember(self._blocked_until, ip,
+                           (now + blocked, now + self.config.cache_seconds))
+            log.warning("barrier: %s blocked for %d s after %d failed signatures or "
+                        "credentials within %d s (every request from it gets 429); "
+                        "`gateway barrier clear %s` lifts it", ip, blocked,
+                        self.config.max_failures, self.config.window, ip)
         return blocked
 
-    def _remember(self, table: dict[str, float], ip: str, until: float) -> None:
+    def _remember(self, table: dict[str, Any], ip: str, until: Any) -> None:
         if len(table) >= self.MAX_REMEMBERED:
             table.clear()  # bounded memory under a flood of addresses; Redis still decides
         table[ip] = until

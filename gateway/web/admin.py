@@ -16,6 +16,7 @@ from gateway.api.state import RUNTIME
 from gateway.pipeline import deadletter
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import queue_depths, refresh_depth_gauges
+from gateway.security import blocks
 from gateway.stores.runtime import Runtime
 from gateway.web.usage import USAGE, usage
 
@@ -64,6 +65,24 @@ async def requeue(request: web.Request) -> web.Response:
         count = _int_param(body.get("count"), "count", count)
     ids = await deadletter.requeue(request.app[RUNTIME].durable, stage, count)
     return web.json_response({"stage": stage, "requeued": ids})
+
+
+async def barrier(request: web.Request) -> web.Response:
+    """The addresses the brute-force barrier blocks now, with their remaining seconds."""
+    return web.json_response(
+        {"blocked": await blocks.list_blocks(request.app[RUNTIME].durable_reads)})
+
+
+async def barrier_clear(request: web.Request) -> web.Response:
+    """``?address=A`` lifts one block (an IPv6 address counts by its /64), ``?all=true``
+    every block; answers the addresses that were blocked."""
+    address, everything = request.query.get("address"), request.query.get("all")
+    if everything not in (None, "true") or (address is None) == (everything is None):
+        raise ApiError(400, "bad_request", "give ?address=<address> or ?all=true")
+    if address is not None and (not address or len(address) > 64):
+        raise ApiError(400, "bad_request", "address must be 1-64 characters")
+    cleared = await blocks.clear(request.app[RUNTIME].durable, address)
+    return web.json_response({"cleared": cleared})
 
 
 DEPTH_REFRESH_SECONDS = 5.0
@@ -119,6 +138,22 @@ REQUEUE = Operation(
                                         default=deadletter.MAX_BATCH)}),
     body_required=False, params=(STAGE,), tag="admin")
 
+BARRIER = Operation(
+    "Addresses the brute-force barrier blocks now",
+    {200: Answer("the blocks, longest first", obj({"blocked": array(obj({
+        "address": string("an IPv4 address, or an IPv6 /64"),
+        "expires_in": integer("seconds the block still lasts", minimum=1)}))}))},
+    tag="admin")
+BARRIER_CLEAR = Operation(
+    "Lift one address's block, or every block",
+    {200: Answer("the addresses that were blocked",
+                 obj({"cleared": array(string("an IPv4 address, or an IPv6 /64"))}))},
+    errors={400: "neither or both of address and all, or an empty address"},
+    params=(Param("address", string("an address (IPv6: any address of the /64)",
+                                    minLength=1, maxLength=64), "the address to lift"),
+            Param("all", one_of("true"), "lift every block")),
+    tag="admin")
+
 
 def setup(app: web.Application, runtime: Runtime) -> None:
     app.cleanup_ctx.append(_depth_gauges)
@@ -128,3 +163,6 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     routes.post(app, "/v1/admin/deadletter/{stage}/requeue", requeue, scope="admin",
                 doc=REQUEUE)
     routes.get(app, "/v1/admin/usage", usage, scope="admin", doc=USAGE)
+    routes.get(app, "/v1/admin/barrier", barrier, scope="admin", doc=BARRIER)
+    routes.add(app, "DELETE", "/v1/admin/barrier", barrier_clear, scope="admin",
+               doc=BARRIER_CLEAR)

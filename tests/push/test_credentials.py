@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 import gateway.web
 from gateway.config import Secret, Settings
 from gateway.push import feed
-from gateway.push.client import PushClient, RefreshRefused, TokenRefresher
+from gateway.push.client import AccessRefused, PushClient, RefreshRefused, TokenRefresher
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.conftest import TEST_ADMIN_TOKEN
@@ -180,3 +180,94 @@ async def test_push_js_refresher_resumes_across_expiries(
     rotated = [s["rotated"] for s in said if "rotated" in s]
     assert rotated and pair["refresh_token"] not in rotated and len(set(rotated)) == len(rotated)
     assert "token_expired" in errors  # the server ended a stream at its token's expiry
+
+
+async def test_no_credential_stops_the_client_with_a_clear_error(
+        app_client: TestClient[Any, Any]) -> None:
+    """The README's first snippet without a credential: the stream answers 401 and the
+    client stops at once with ``AccessRefused`` saying what to pass, instead of retrying
+    (ten retries would get the address blocked by the barrier)."""
+    base = base_url(app_client)
+    async with PushClient(base, [TOPIC], since={TOPIC: 0}) as push:
+        with pytest.raises(AccessRefused) as refused:
+            await push.get(timeout=5)
+    assert refused.value.status == 401
+    assert "Authorization" in str(refused.value) and push.connects == 0
+
+
+async def test_a_credential_without_the_topic_stops_the_client_with_403(
+        app_client: TestClient[Any, Any]) -> None:
+    pair = await login(app_client, ttl=300)  # may read conversation:1 only
+    headers = {"Authorization": f"Bearer {pair['access_token']}"}
+    async with PushClient(base_url(app_client), ["conversation:2"], headers=headers) as push:
+        with pytest.raises(AccessRefused) as refused:
+            await push.get(timeout=5)
+    assert refused.value.status == 403 and "topics" in str(refused.value)
+
+
+async def test_a_refreshing_credential_is_retried_once_then_the_client_stops(
+        app_client: TestClient[Any, Any]) -> None:
+    """A credential with ``invalidate()`` whose new token is refused as well: one retry
+    with a new token, then ``AccessRefused``; never a loop."""
+
+    class Refused:
+        def __init__(self) -> None:
+            self.asked = self.invalidated = 0
+
+        async def __call__(self) -> str:
+            self.asked += 1
+            return f"not-a-token-{self.asked}"
+
+        def invalidate(self) -> None:
+            self.invalidated += 1
+
+    credential = Refused()
+    async with PushClient(base_url(app_client), [TOPIC], credential=credential) as push:
+        with pytest.raises(AccessRefused):
+            await push.get(timeout=5)
+    assert (credential.asked, credential.invalidated) == (2, 2)
+
+
+NODE_REFUSED = """
+globalThis.window = globalThis;
+%s
+const [base, token] = [process.argv[2], process.argv[3] || null];
+let calls = 0;
+const credential = async () => { calls += 1; return "not-a-token"; };
+credential.invalidate = () => {};
+new GatewayPush(["%s"], {
+  base, since: {"%s": 0}, pollMs: 500, token, credential: token === "refresh" ? credential : null,
+  onRow: () => {},
+  onState: (state, error) => {
+    if (state !== "refused") return;
+    const line = JSON.stringify({status: error.status, message: error.message, calls}) + "\\n";
+    process.stdout.write(line, () => process.exit(0));  // a pipe is written asynchronously
+  },
+}).start();
+setTimeout(() => process.stdout.write("still retrying\\n", () => process.exit(1)), 8000);
+"""
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.parametrize(("token", "status", "calls"), [
+    # refresh: the stream, the feed read after it, the stream again with the new token
+    ("", 401, 0), ("refresh", 401, 3), ("wrong-topic", 403, 0)])
+async def test_push_js_stops_on_401_and_403(
+        app_client: TestClient[Any, Any], tmp_path: Path, token: str, status: int,
+        calls: int) -> None:
+    """push.js, run by node: no credential (401), a refreshing credential refused again
+    after one new token (401), a token without the topic (403): the client stops with
+    onState("refused", error) instead of retrying forever."""
+    assert NODE is not None
+    if token == "wrong-topic":
+        token = (await login(app_client, ttl=300))["access_token"]  # conversation:1 only
+    script = tmp_path / "refused.js"
+    script.write_text(NODE_REFUSED % (PUSH_JS.read_text(), "conversation:2", "conversation:2"))
+    proc = await asyncio.create_subprocess_exec(
+        NODE, str(script), base_url(app_client), token, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, (out, err)
+    said = json.loads(out.decode().splitlines()[-1])  # console.info writes to stdout too
+    assert (said["status"], said["calls"]) == (status, calls), said
+    assert f"answered {status}" in said["message"]

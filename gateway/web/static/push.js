@@ -13,6 +13,9 @@ class GatewayPush {
     // or revocation resumes from its cursor with what it returns (refresh the token there;
     // GatewayPush.refresher does, with a refresh token). A credential with an invalidate()
     // method is told when the server ended a stream for its token or answered 401.
+    // A 401 or 403 stops the client (after one new credential for a 401 where the
+    // credential has invalidate()): onState("refused", error) says why, and so does
+    // this.error; a refused refresh token stops it with onState("signed-out", error).
     this.token = token;
     this.credential = credential;
     this.onRow = onRow;
@@ -97,15 +100,29 @@ class GatewayPush {
 
   async start() {
     let backoff = 100;
+    let retriedRefused = false;  // a 401 retried once with a new credential since the last connect
     while (!this.stopped) {
       try {
-        await this.streamOnce();
+        await this.streamOnce(() => { retriedRefused = false; });
         backoff = 100;
       } catch (e) {
         if (e && e.name === "RefreshRefused") {  // only a new login helps
           this.stopped = true;
-          this.onState("signed-out");
+          this.onState("signed-out", e);
           return;
+        }
+        if (e && e.name === "AccessRefused") {
+          // 401/403: the same credential again cannot help. A refreshing credential gets one
+          // new token for a 401 first; then the client stops and says why.
+          const refreshable = this.credential && typeof this.credential.invalidate === "function";
+          if (e.status !== 401 || !refreshable || retriedRefused) {
+            this.stopped = true;
+            this.error = e;
+            console.error("push: stopped:", e.message);
+            this.onState("refused", e);
+            return;
+          }
+          retriedRefused = true;
         }
         console.info("push: stream interrupted", e);
       }
@@ -116,15 +133,29 @@ class GatewayPush {
     }
   }
 
-  async streamOnce() {
+  // The error of a refused stream or feed read: 401/403 stop the client (see start).
+  async refusal(what, resp) {
+    const body = (await resp.text()).slice(0, 300);
+    if (resp.status === 401) this.credentialEnded();
+    const error = new Error(resp.status === 401
+      ? `${what} answered 401 ${body}: no credential, or one the server refuses (give token or credential)`
+      : resp.status === 403
+        ? `${what} answered 403 ${body}: the credential may not read these topics (it needs feed:read and each topic)`
+        : `${what} answered ${resp.status} ${body}`);
+    if (resp.status === 401 || resp.status === 403) {
+      error.name = "AccessRefused";
+      error.status = resp.status;
+    }
+    return error;
+  }
+
+  async streamOnce(onConnected = () => {}) {
     const params = new URLSearchParams({ topics: this.topics.join(",") });
     const since = this.cursor();
     if (since) params.set("since", since);
     const resp = await fetch(`${this.base}/v1/stream?${params}`, { headers: { Accept: "text/event-stream", ...(await this.auth()) } });
-    if (!resp.ok) {
-      if (resp.status === 401) this.credentialEnded();
-      throw new Error(`stream answered ${resp.status}`);
-    }
+    if (!resp.ok) throw await this.refusal("stream", resp);
+    onConnected();
     this.adopt(resp.headers);
     await this.serial(() => this.fillAll());
     this.onState("live");
@@ -221,10 +252,7 @@ class GatewayPush {
     for (;;) {
       const params = new URLSearchParams({ topic, after: String(tr.offset), limit: "500" });
       const resp = await fetch(`${this.base}/v1/feed?${params}`, { headers: await this.auth() });
-      if (!resp.ok) {
-        if (resp.status === 401) this.credentialEnded();
-        throw new Error(`feed answered ${resp.status}`);
-      }
+      if (!resp.ok) throw await this.refusal("feed", resp);
       const body = await resp.json();
       if (tr.epoch !== null && body.epoch !== tr.epoch) { tr.epoch = body.epoch; tr.offset = 0; continue; }
       tr.epoch = body.epoch;
