@@ -17,8 +17,12 @@ from gateway.notifications.held import Held, Move
 
 
 class CursorWriter:
+    """Keeps one connection of ``pool`` while it has moves to write (a pooled statement
+    would add the pool's reset, a second round trip, to every row)."""
+
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self._conn: asyncpg.Connection | None = None
         self._waiting: list[tuple[Move, asyncio.Future[bool]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self.statements = 0
@@ -48,8 +52,11 @@ class CursorWriter:
                 self._waiting = later + self._waiting
                 try:
                     self.statements += 1
-                    moved = await statements.advance(self.pool, [m for m, _ in now])
+                    if self._conn is None:
+                        self._conn = await self.pool.acquire()
+                    moved = await statements.advance(self._conn, [m for m, _ in now])
                 except Exception as exc:
+                    await self._drop()  # broken or not: the next flush takes a fresh one
                     _settle(now, exc)
                     continue
                 except BaseException:  # cancelled: nobody waits forever
@@ -63,10 +70,17 @@ class CursorWriter:
             _settle(self._waiting, None)
             self._waiting = []
 
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+
     async def close(self) -> None:
         if self._flushing is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._flushing
+        await self._drop()
 
 
 def _settle(items: list[tuple[Move, asyncio.Future[bool]]], exc: Exception | None) -> None:

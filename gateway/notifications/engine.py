@@ -59,6 +59,7 @@ STOP_GRACE_SECONDS = 5.0
 MAX_CHANNELS = 1000  # topics listened to; a prefix covering more is found by the poll only
 POOL_CONNECTIONS = 4
 SUBSCRIBE_SECONDS = 2.0
+FULL_RELOAD_POLLS = 30  # a full reload at least this often (polls), whatever the fingerprint
 
 SenderFactory = Callable[[Held], Sender | None]
 
@@ -84,8 +85,12 @@ class Engine:
         self.listener: SignalListener | None = None
         self._listened: set[str] = set()
         self._reload = asyncio.Event()
+        self._known: tuple[int, int] = (0, 0)  # the held subscriptions' fingerprint
+        self._names: list[str] = []  # topics followed by name, and by prefix
+        self._prefixes: list[str] = []
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        metrics.LAG.set_function(self.lag)
 
     # --- the process's part ------------------------------------------------------------
 
@@ -112,8 +117,10 @@ class Engine:
         durable = self.runtime.durable
         members = int(await durable.eval(_MEMBERS, 1, MEMBERS_KEY, self.holder,
                                          int(self.settings.lease_seconds * 1000)))
-        for part, lease in list(self.leases.items()):
-            if not await leases.renew(durable, lease):
+        held = list(self.leases.items())
+        renewed = await leases.renew_many(durable, [lease for _, lease in held])
+        for (part, _), ok in zip(held, renewed, strict=True):
+            if not ok:
                 log.warning("notifications: lease on partition %d lost", part)
                 await self._let_go(part, grace=0.0)
         busy = await statements.busy_partitions(self.runtime.pg)
@@ -181,23 +188,40 @@ class Engine:
                        asyncio.create_task(self._poll(self._stopping))]
 
     async def _poll(self, stop: asyncio.Event) -> None:
+        """Reload in full when asked (a partition taken, a change signalled, a write
+        refused), when the held subscriptions' fingerprint moved (a change whose signal was
+        lost), and every ``FULL_RELOAD_POLLS`` polls whatever; read the topics' heads every
+        ``poll_seconds``."""
+        polls = 0
         while not stop.is_set():
             try:
-                await self.reload()
+                polls += 1
+                if (self._reload.is_set() or polls >= FULL_RELOAD_POLLS
+                        or await self._fingerprint() != self._known):
+                    self._reload.clear()
+                    polls = 0
+                    await self.reload()
+                    await self._listen()
+                if await self._read_heads():
+                    await self._listen()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("notifications: reload failed: %s: %s", type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._reload.wait(), self.settings.poll_seconds)
-            self._reload.clear()
+
+    async def _fingerprint(self) -> tuple[int, int]:
+        assert self.pool is not None
+        return await statements.fingerprint(self.pool, list(self.leases))
 
     async def reload(self) -> None:
-        """Take the held partitions' subscriptions as PostgreSQL has them, then their topics'
-        heads; start, update and stop runners to match."""
+        """Take the held partitions' subscriptions as PostgreSQL has them: start, update
+        and stop runners to match."""
         assert self.pool is not None and self.context is not None
         tokens = {part: lease.token for part, lease in self.leases.items()
                   if lease.locally_valid()}
+        self._known = await self._fingerprint()
         found = {h.id: h for h in await statements.load(self.pool, tokens)}
         for sub_id in [i for i in self.runners if i not in found]:
             await self.runners.pop(sub_id).stop(STOP_GRACE_SECONDS)
@@ -211,9 +235,10 @@ class Engine:
                 continue
             runner = self.runners[sub_id] = Runner(fresh, self.context, sender)
             runner.start()
+        patterns = {r.held.topic for r in self.runners.values()}
+        self._names = sorted(p for p in patterns if not p.endswith("*"))
+        self._prefixes = sorted(p[:-1] for p in patterns if p.endswith("*"))
         metrics.HELD.set(len(self.runners))
-        await self._read_heads()
-        await self._listen()
 
     def _sender(self, held: Held) -> Sender | None:
         if held.type == "webhook":
@@ -221,25 +246,32 @@ class Engine:
             return WebhookSender(self.client, str(held.destination["url"]), held.secret)
         return self.chat_senders(held) if self.chat_senders else None
 
-    async def _read_heads(self) -> None:
+    async def _read_heads(self) -> bool:
+        """The heads of the topics followed (waking what moved); True when a topic
+        appeared that a prefix covers (to be listened to)."""
         assert self.pool is not None
-        names = sorted({r.held.topic for r in self.runners.values()
-                        if not r.held.topic.endswith("*")})
-        prefixes = sorted({r.held.topic[:-1] for r in self.runners.values()
-                           if r.held.topic.endswith("*")})
-        fresh = await statements.heads(self.pool, names, prefixes) if self.runners else {}
+        fresh = (await statements.heads(self.pool, self._names, self._prefixes)
+                 if self.runners else {})
+        appeared = any(topic not in self.heads for topic in fresh)
         for topic, head in fresh.items():
             self._advance(topic, head)
-        lag = 0
+        return appeared
+
+    def lag(self) -> int:
+        """Rows the active subscriptions held here are behind the heads last seen
+        (computed when ``/metrics`` is read, not on every poll)."""
+        total = 0
         for runner in self.runners.values():
             held = runner.held
             if held.state != "active":
                 continue
-            for topic, (epoch, last) in self.heads.items():
-                if held.follows(topic):
-                    offset, at = held.position(topic)
-                    lag += max(0, last - (offset if at in (None, epoch) else 0))
-        metrics.LAG.set(lag)
+            topics = [held.topic] if not held.topic.endswith("*") else [
+                t for t in self.heads if held.follows(t)]
+            for topic in topics:
+                epoch, last = self.heads.get(topic, (0, 0))
+                offset, at = held.position(topic)
+                total += max(0, last - (offset if at in (None, epoch) else 0))
+        return total
 
     async def _listen(self) -> None:
         """Listen to the topics the held subscriptions follow (and to subscription changes)."""

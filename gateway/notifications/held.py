@@ -98,6 +98,16 @@ async def load(pool: asyncpg.Pool, tokens: dict[int, int]) -> list[Held]:
         _seconds(r["retry_at"]), r["last_error"]) for r in records]
 
 
+async def fingerprint(pool: asyncpg.Pool, parts: list[int]) -> tuple[int, int]:
+    """How many subscriptions these partitions have and a hash of their ids, states and
+    versions: the cheap look of a poll (one row), which reloads in full when it moved."""
+    record = await pool.fetchrow(
+        "SELECT count(*) AS n, coalesce(bit_xor(hashtext(id || ':' || state || ':' ||"
+        " version)), 0) AS h FROM subscriptions WHERE part = ANY($1::smallint[])", parts)
+    assert record is not None
+    return int(record["n"]), int(record["h"])
+
+
 async def busy_partitions(pool: asyncpg.Pool) -> set[int]:
     """Partitions with an active subscription: the work to share out."""
     return {r["part"] for r in await pool.fetch(
@@ -129,10 +139,10 @@ RETURNING subscription_id
 Move = tuple[Held, str, int, int, bool]
 
 
-async def advance(pool: asyncpg.Pool, moves: list[Move]) -> set[str]:
+async def advance(conn: asyncpg.Connection, moves: list[Move]) -> set[str]:
     """Move each subscription's cursor; returns the ids moved (the others lost their fence
     or were replayed meanwhile). One subscription at most once per call."""
-    records = await pool.fetch(
+    records = await conn.fetch(
         _ADVANCE, [h.id for h, *_ in moves], [m[1] for m in moves], [m[2] for m in moves],
         [m[3] for m in moves], [h.fence for h, *_ in moves], [h.version for h, *_ in moves],
         [m[4] for m in moves])

@@ -72,6 +72,8 @@ class Runner:
         self.hold_until = 0.0  # a 429's Retry-After: nothing is sent before (no failure)
         self.dirty: dict[str, tuple[int, int]] = {}  # skipped-past positions not yet written
         self.task: asyncio.Task[None] | None = None
+        self.delivered = metrics.DELIVERED.labels(held.type)
+        self.failed = metrics.FAILED.labels(held.type)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"notify:{self.held.id}")
@@ -79,7 +81,8 @@ class Runner:
     def update(self, fresh: Held) -> None:
         """The subscription as reloaded. Its position and failures are this runner's own
         unless a replay (a new version) or a refused write made them stale; a pause is
-        taken as is, a resume with what it cleared (the head is tried at once)."""
+        taken as is, a resume with what it cleared (the head is tried at once). Woken only
+        when something changed."""
         held = self.held
         if fresh.version != held.version or self.stale:
             self.dirty.clear()
@@ -89,6 +92,8 @@ class Runner:
             if fresh.state == "active":
                 held.retry_at, held.failing_since = fresh.retry_at, fresh.failing_since
                 self.hold_until = 0.0
+        else:
+            return
         self.stale = False
         self.wake.set()
 
@@ -165,14 +170,14 @@ class Runner:
     async def _settle(self, row: FeedRow, outcome: Outcome) -> None:
         held = self.held
         if outcome.kind == "ok":
-            metrics.DELIVERED.labels(held.type).inc()
+            self.delivered.inc()
             await self._move(row, delivered=True)
             return
         if outcome.kind == "wait":  # 429 + Retry-After: as asked, not a failure
             self.hold_until = time.time() + min(
                 outcome.wait, self.context.settings.max_retry_after_seconds)
             return
-        metrics.FAILED.labels(held.type).inc()
+        self.failed.inc()
         pool = self.context.pool
         if outcome.kind == "gone":
             await self._pause(f"the endpoint answered 410 Gone ({outcome.detail[:200]})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import aiohttp
+from yarl import URL
 
 from gateway.notifications.outcome import Outcome, of_status
 from gateway.notifications.subscriptions import secret_key
@@ -32,13 +33,21 @@ class WebhookSender:
         self.client = client
         self.url = url
         self.key = secret_key(secret)
+        self.target: URL | Refused
+        try:
+            self.target = client.target(url)
+        except Refused as exc:  # the settings changed since it was made: every attempt fails
+            self.target = exc
 
     async def send(self, row: FeedRow) -> Outcome:
+        if isinstance(self.target, Refused):
+            return Outcome("failed", f"refused: {self.target}")
         body = row.wire.encode()
         headers = sign_standard(self.key, message_id(row), int(time.time()), body)
-        headers.update({"Content-Type": "application/json", "User-Agent": USER_AGENT})
+        headers["Content-Type"] = "application/json"
+        headers["User-Agent"] = USER_AGENT
         try:
-            answer = await self.client.post(self.url, body, headers)
+            answer = await self.client.post(self.target, body, headers)
         except Refused as exc:
             return Outcome("failed", f"refused: {exc}")
         except TimeoutError:

@@ -154,6 +154,11 @@ class SafeClient:
         except (OSError, TimeoutError) as exc:
             raise Refused(f"cannot resolve {host[:100]}: {type(exc).__name__}") from None
 
+    def target(self, url: str) -> URL:
+        """``url`` parsed and checked once (its scheme, an IP literal's address), for a
+        sender that posts to it again and again; its name is checked at every connection."""
+        return self._checked_url(url)
+
     def _checked_url(self, url: str) -> URL:
         parsed = URL(url)
         schemes = ("https", "http") if self.policy.allow_http else ("https",)
@@ -168,12 +173,13 @@ class SafeClient:
             check_address(host)
         return parsed
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """POST ``body``; the answer with at most ``max_answer_bytes`` of its body. Raises
-        ``Refused`` (not allowed), ``TimeoutError`` or ``aiohttp.ClientError``."""
-        parsed = self._checked_url(url)
+    async def post(self, url: str | URL, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """POST ``body`` to ``url`` (a string, or a ``target``); the answer with at most
+        ``max_answer_bytes`` of its body. Raises ``Refused`` (not allowed), ``TimeoutError``
+        or ``aiohttp.ClientError``."""
+        parsed = url if isinstance(url, URL) else self._checked_url(url)
         try:
-            async with self.session().post(parsed, data=body, headers=dict(headers),
+            async with self.session().post(parsed, data=body, headers=headers,
                                            allow_redirects=False) as response:
                 answer = await read_at_most(response.content, self.policy.max_answer_bytes)
                 if not response.content.at_eof():
