@@ -38,9 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import ingest  # noqa: E402
-from gateway.stores import embedded  # noqa: E402
-from gateway.stores.migrate import migrate_url  # noqa: E402
+from bench import ingest
+from gateway.stores import embedded
+from gateway.stores.migrate import migrate_url
 
 ADMIN = "bench-admin-token-0123456789"
 SOURCE = "bench"
