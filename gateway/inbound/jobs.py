@@ -103,7 +103,7 @@ async def submit_job(request: web.Request) -> web.Response:
     except MalformedError as exc:
         raise _bad(str(exc)) from None
     principal = principal_of(request)
-    _may_ask(principal, priority)
+    _may_ask(principal, priority, doc_type)
     if not principal.is_admin:
         await request.app[JOB_RATE].admit(principal.owner)
     item_id = _owned(principal, job_id or uuid.uuid4().hex)
@@ -119,13 +119,18 @@ async def submit_job(request: web.Request) -> web.Response:
 
 # Priority is a grant: a job of a credential without it runs after the ones queued before
 # it (webhooks, other clients' jobs), so one client's jobs cannot push everyone else back.
+# A type with a bonus (api_docs, code: 50-83 minutes of queue age) is priority too.
 PRIORITY_SCOPES = {"high": ("jobs:priority", "jobs:critical"), "critical": ("jobs:critical",)}
+BONUS_SCOPES = ("jobs:priority", "jobs:critical")
 
 
-def _may_ask(principal: Principal, priority: str) -> None:
+def _may_ask(principal: Principal, priority: str, doc_type: str) -> None:
     needed = PRIORITY_SCOPES.get(priority, ())
     if needed and not any(principal.allows(scope) for scope in needed):
         raise ApiError(403, "forbidden", f"priority {priority} needs the scope {needed[0]}")
+    if TYPE_BONUS[doc_type] and not any(principal.allows(scope) for scope in BONUS_SCOPES):
+        raise ApiError(403, "forbidden", f"type {doc_type} ranks the job ahead of earlier "
+                       f"work: it needs the scope {BONUS_SCOPES[0]}")
 
 
 def _owned(principal: Principal, job_id: str) -> str:

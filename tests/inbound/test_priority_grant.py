@@ -48,3 +48,35 @@ async def test_300_high_jobs_of_a_client_do_not_pass_an_earlier_webhook(
         assert urgent.status == 202
         item = (await urgent.json())["item_id"]
     assert (await ready_items(runtime.durable, "store"))[:2] == [item, webhook]
+
+
+async def test_300_jobs_typed_for_a_bonus_do_not_pass_an_earlier_webhook(
+        client: Any, runtime: Runtime) -> None:
+    """The type bonus (``api_docs`` 5, ``code`` 3: 50-83 minutes of queue age) is priority
+    too: a client without the grant once put 300 ``"type": "api_docs"`` jobs ahead of an
+    earlier webhook. Refused like ``high``; a granted credential still has it."""
+    body = body_of({"type": "order.created", "text": "order 1234"})
+    async with client.post("/v1/webhooks/demo", data=body,
+                           headers=standard(body, "msg_early")) as accepted:
+        assert accepted.status == 202
+        webhook = (await accepted.json())["item_id"]
+    plain = await _key(runtime, "jobs:write")
+    for n in range(300):
+        async with client.post("/v1/jobs", headers=plain, json={
+                "job_id": f"j{n}", "type": ("api_docs", "code")[n % 2],
+                "document": DOC}) as refused:
+            assert refused.status == 403
+            assert "jobs:priority" in (await refused.json())["detail"]
+    assert await runtime.durable.hlen(meta_key()) == 1  # nothing of theirs was written
+    for n in range(300):
+        async with client.post("/v1/jobs", headers=plain, json={
+                "job_id": f"j{n}", "type": "other", "document": DOC}) as queued:
+            assert queued.status == 202
+    order = await ready_items(runtime.durable, "store")
+    assert len(order) == 301 and order[0] == webhook
+    granted = await _key(runtime, "jobs:write", "jobs:priority")
+    async with client.post("/v1/jobs", headers=granted, json={
+            "job_id": "manual", "type": "api_docs", "document": DOC}) as docs:
+        assert docs.status == 202
+        item = (await docs.json())["item_id"]
+    assert (await ready_items(runtime.durable, "store"))[:2] == [item, webhook]
