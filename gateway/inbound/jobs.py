@@ -9,7 +9,8 @@ Job ids belong to the credential that submits them: an API key's or an account's
 take a job id first nor read the job; the admin token's are the bare job ids and it reads
 every job. ``high`` priority needs the ``jobs:priority`` scope (or ``jobs:critical``),
 ``critical`` the ``jobs:critical`` scope: without them a client's jobs queue behind what came
-before (a flood of "high" jobs from one client once ran ahead of an earlier webhook).
+before (a flood of "high" jobs from one client once ran ahead of an earlier webhook). A type
+with a bonus (``api_docs``, ``code``) ranks a job ahead as well and needs ``jobs:priority`` too.
 Submissions are limited per credential (``[access] jobs_per_minute``, 600, 0 for none; the
 admin token is not), so one client cannot crowd out the others: 429 + ``Retry-After`` past it.
 """
@@ -172,14 +173,16 @@ JOB = obj(
      "priority": one_of(*PRIORITY_BASE, default="normal",
                         description="high needs the scope jobs:priority (or "
                                     "jobs:critical), critical needs jobs:critical"),
-     "type": one_of(*TYPE_BONUS, default="other")}, more=True)
+     "type": one_of(*TYPE_BONUS, default="other",
+                    description="api_docs and code rank the job ahead: they need the scope "
+                                "jobs:priority (or jobs:critical)")}, more=True)
 SUBMIT = Operation(
     "Queue a document in the pipeline",
     {202: ACCEPTED, 200: DUPLICATE},
     errors={400: "the body is not a valid job (malformed)",
             401: "the API key was revoked",
-            403: "priority high without jobs:priority (or jobs:critical), or critical "
-                 "without jobs:critical",
+            403: "priority high or type api_docs or code without jobs:priority (or "
+                 "jobs:critical), or critical without jobs:critical",
             415: "the body is not declared application/json",
             429: "over [access] jobs_per_minute for this credential (rate_limited), or this "
                  "credential holds its quota of queued items (quota_exceeded)",
