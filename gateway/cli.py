@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from gateway import keys, logging_setup
+from gateway.app import devstack
 from gateway.config import ConfigError, Secret, Settings, load_settings
 from gateway.pipeline.stages import STAGES
 from gateway.providers.config import provider_checks, provider_key_values
@@ -29,6 +31,7 @@ TARGETS: dict[str, str] = {
     "apikey": "gateway.access.apikeys:main",
     "token": "gateway.access.tokens:main_token",
     "barrier": "gateway.security.blocks:main",
+    "env": "gateway.app.devstack:main_env",
 }
 
 
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_parser("list", help="one JSON object per key (never the key itself)")
     actions.add_parser("revoke", help="refused on every replica from the next request"
                        ).add_argument("id")
+
+    sub.add_parser("env", help="shell lines for the running gateway dev stack of this "
+                   "folder (the README's ADMIN, TOKEN, SECRET): eval \"$(gateway env)\"")
 
     p = sub.add_parser("barrier", help="addresses the brute-force barrier blocks: list, "
                        "clear ADDRESS|--all")
@@ -174,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
+        if args.command != "dev":  # the stack of `gateway dev` in this folder, if any
+            settings = devstack.apply(settings, os.environ)
         logging_setup.configure(_secret_values(settings))
         return _resolve(args.command)(args, settings)
     except ConfigError as exc:

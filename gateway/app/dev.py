@@ -5,6 +5,8 @@ Starts (unless the matching ``GATEWAY_*_URL`` is set) a durable and a cache Redi
 migrations; runs the HTTP server and the pipeline workers in this process. Passwords and a
 demo webhook secret are generated once and kept in ``.gateway/secrets.json`` so a second run
 reuses the data. SIGINT/SIGTERM stop everything; the servers also die with this process.
+One ``gateway dev`` per data dir (``gateway.app.devstack``: a second refuses and touches
+nothing), and while it serves, every other command run in the folder uses its stack.
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ import base64
 import dataclasses
 import json
 import secrets
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from gateway import keys
-from gateway.access import tokens
-from gateway.app import serve
+from gateway.app import devstack, serve
+from gateway.app.devstack import CLIENT_SCOPES, client_topics
 from gateway.app.process import Service
 from gateway.app.worker import service as pipeline_service
 from gateway.config import Secret, Settings, parse_webhook_secrets, redact_url
-from gateway.pipeline.stages import progress_topic
 from gateway.stores import embedded
 from gateway.stores.migrate import migrate_url
 
+__all__ = ["CLIENT_SCOPES", "client_topics", "main", "start_stack"]
 UNIX_PATH_MAX = 100  # sun_path is 108 bytes; leave room
 
 
@@ -96,6 +98,7 @@ def start_stack(root: Path, settings: Settings) -> tuple[Settings, list[Any], di
 
 
 def _announce(url: str, settings: Settings, root: Path) -> None:
+    devstack.write(root, settings, url)  # before the banner: the CLI can use it at once
     lines = [
         f"gateway dev: serving on {url}  (dashboard {url}/, readiness {url}/readyz)",
         f"  GATEWAY_DURABLE_URL={redact_url(settings.durable_url)}",
@@ -103,30 +106,16 @@ def _announce(url: str, settings: Settings, root: Path) -> None:
         f"  GATEWAY_DATABASE_URL={redact_url(settings.database_url)}",
         f"  passwords, admin token, JWT secret, demo webhook secret (source 'demo'): "
         f"{root / 'secrets.json'}",
+        "  every gateway command run in this folder uses this stack; in another shell:",
+        f"export {devstack.DIR_VARIABLE}={shlex.quote(str(root))}",
         "  Ctrl-C stops everything.",
     ]
     assert settings.admin_token and settings.jwt_secret
     # What a newcomer needs to call every route (README shows how): the operator's token,
-    # and an access token for an app (a day long, or the longest [access] allows; its own
-    # jobs' progress and every conversation; not the operators' `pipeline`, which names
-    # every tenant's items).
-    client = tokens.mint(settings.jwt_secret.get(), CLIENT_SUB, CLIENT_SCOPES,
-                         client_topics(CLIENT_SUB),
-                         min(CLIENT_TTL, tokens.max_token_seconds(settings)),
-                         issuer=settings.jwt_issuer, audience=settings.jwt_audience)
-    lines += [f"admin token: {settings.admin_token.get()}", f"client token: {client}"]
+    # and an access token for an app.
+    lines += [f"admin token: {settings.admin_token.get()}",
+              f"client token: {devstack.client_token(settings)}"]
     print("\n".join(lines), flush=True)
-
-
-CLIENT_SUB = "dev-client"
-CLIENT_SCOPES = frozenset({"jobs:write", "jobs:read", "search:read", "feed:read"})
-
-
-def client_topics(sub: str) -> tuple[str, ...]:
-    """The dev client token's topics: the progress of its own jobs
-    (``pipeline:<its namespace>``) and the conversations."""
-    return (progress_topic(keys.owner_namespace(sub)), "conversation:*")
-CLIENT_TTL = 86400
 
 
 def _services(args: argparse.Namespace) -> list[Service]:
@@ -136,9 +125,15 @@ def _services(args: argparse.Namespace) -> list[Service]:
 def main(args: argparse.Namespace, settings: Settings) -> int:
     root = Path(args.data_dir).resolve()
     try:
+        held = devstack.lock(root)  # held until this process ends
+    except devstack.StackRunning as exc:
+        print(f"gateway dev: {exc}", file=sys.stderr)
+        return 1
+    try:
         settings, servers, _ = start_stack(root, settings)
     except embedded.EmbeddedError as exc:
         print(f"gateway dev: {exc}", file=sys.stderr)
+        held.close()
         return 1
     try:
         assert settings.database_url
@@ -148,4 +143,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        devstack.forget(root)
         embedded.stop_all(servers)
+        held.close()

@@ -139,3 +139,61 @@ def test_dev_starts_stops_clean_and_reuses_data(workdir: Path) -> None:
     finally:
         _stop(proc)
     assert _processes_using(root) == []
+
+
+def _gateway(workdir: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """A ``gateway`` command as a user types it in a shell: no GATEWAY_* variables."""
+    env = {**_env(0), **extra}
+    env.pop("GATEWAY_PORT")
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_dev_is_the_clis_default_stack_and_a_second_dev_refuses(workdir: Path) -> None:
+    """Issue 28 point 2: while ``gateway dev`` runs, every command run in its folder (or with
+    the banner's ``export GATEWAY_DEV_DIR=...`` elsewhere) reaches its stack with no
+    variable set; ``stack.json`` is the owner's only; a second ``gateway dev`` in the folder
+    refuses in one line and leaves the first one's servers and files alone."""
+    root = workdir / ".gateway"
+    proc, url = _run_dev(workdir, free_port())
+    try:
+        stack = root / "stack.json"
+        assert stack.stat().st_mode & 0o777 == 0o600
+        before = {p.name: p.stat().st_mtime_ns for p in root.iterdir()}
+        sockets = {p.name: p.stat().st_ino for p in root.glob("*.sock")}
+        assert sockets, "the dev stack listens on unix sockets"
+        second = subprocess.run([sys.executable, "-m", "gateway.cli", "dev"], cwd=workdir,
+                                env=_env(free_port()), capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 1
+        assert second.stderr.strip().count("\n") == 0, second.stderr
+        assert second.stderr.startswith(f"gateway dev: a stack is already running in {root}")
+        assert {p.name: p.stat().st_mtime_ns for p in root.iterdir()} == before
+        assert {p.name: p.stat().st_ino for p in root.glob("*.sock")} == sockets
+        assert _durable(root).ping()
+        assert _ready(url)
+        # Commands in the folder reach the stack with nothing set.
+        for args in (("deadletter", "list", "--stage", "store"), ("barrier", "list"),
+                     ("maintenance", "status")):
+            done = _gateway(workdir, *args)
+            assert done.returncode == 0, (args, done.stderr)
+        doctor = _gateway(workdir, "doctor")
+        assert "ok   redis-durable: reachable" in doctor.stdout, doctor.stdout
+        # Another folder, after the banner's export line.
+        elsewhere = workdir / "elsewhere"
+        elsewhere.mkdir()
+        assert _gateway(elsewhere, "barrier", "list").returncode != 0
+        done = _gateway(elsewhere, "barrier", "list", GATEWAY_DEV_DIR=str(root))
+        assert done.returncode == 0, done.stderr
+        # `gateway env` gives a shell the README's variables; the admin token works.
+        shell = subprocess.run(
+            ["bash", "-c", f'eval "$({sys.executable} -m gateway.cli env)" && '
+             'curl -s -o /dev/null -w "%{http_code}" -H "Authorization: Bearer $ADMIN" '
+             '"$GATEWAY_URL/v1/admin/queues" && test -n "$TOKEN" && test -n "$SECRET"'],
+            cwd=workdir, env={k: v for k, v in _env(0).items() if k != "GATEWAY_PORT"},
+            capture_output=True, text=True, timeout=60)
+        assert (shell.returncode, shell.stdout) == (0, "200"), shell.stderr
+    finally:
+        out = _stop(proc)
+    assert f"export GATEWAY_DEV_DIR={root}" in out.splitlines()
+    assert not (root / "stack.json").exists()  # stopped: nothing points at dead servers
