@@ -11,10 +11,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gateway import keys, logging_setup
-from gateway.app import devstack
 from gateway.config import ConfigError, Secret, Settings, load_settings
 from gateway.pipeline.stages import STAGES
 from gateway.providers.config import provider_checks, provider_key_values
+from gateway.stores import devstack
 
 # subcommand -> "module:function"; the function takes (args, settings) and returns an exit code.
 TARGETS: dict[str, str] = {
@@ -31,7 +31,7 @@ TARGETS: dict[str, str] = {
     "apikey": "gateway.access.apikeys:main",
     "token": "gateway.access.tokens:main_token",
     "barrier": "gateway.security.blocks:main",
-    "env": "gateway.app.devstack:main_env",
+    "env": "gateway.app.dev:main_env",
 }
 
 

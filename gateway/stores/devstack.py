@@ -1,4 +1,5 @@
-"""The ``gateway dev`` stack as the CLI's default: what other commands need to reach it.
+"""The ``gateway dev`` stack (``gateway.app.dev``) as the CLI's default: what other commands
+need to reach it.
 
 ``gateway dev`` writes ``<data dir>/stack.json`` (mode 0600: it holds the stores' passwords
 and the tokens' secrets) once it serves: its pid, URL, the three store URLs, the admin token,
@@ -15,51 +16,24 @@ one's unix sockets).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import fcntl
 import json
 import os
-import shlex
 from pathlib import Path
 from typing import IO, Any
 
-from gateway import keys
-from gateway.config import ConfigError, Secret, Settings, parse_webhook_secrets
-from gateway.pipeline.stages import progress_topic
+from gateway.config import Secret, Settings, parse_webhook_secrets
 
 DEFAULT_DIR = ".gateway"
 DIR_VARIABLE = "GATEWAY_DEV_DIR"
 STACK_FILE = "stack.json"
 LOCK_FILE = "dev.lock"
 
-CLIENT_SUB = "dev-client"
-CLIENT_SCOPES = frozenset({"jobs:write", "jobs:read", "search:read", "feed:read"})
-CLIENT_TTL = 86400
-
 
 class StackRunning(Exception):
     """Another ``gateway dev`` holds this data dir; the message says which."""
-
-
-def client_topics(sub: str) -> tuple[str, ...]:
-    """The dev client token's topics: the progress of its own jobs
-    (``pipeline:<its namespace>``) and the conversations."""
-    return (progress_topic(keys.owner_namespace(sub)), "conversation:*")
-
-
-def client_token(settings: Settings) -> str:
-    """An access token for an app (a day long, or the longest ``[access]`` allows; its own
-    jobs' progress and every conversation; not the operators' ``pipeline``, which names
-    every tenant's items)."""
-    from gateway.access import tokens  # only here: every CLI command imports this module
-
-    assert settings.jwt_secret
-    return tokens.mint(settings.jwt_secret.get(), CLIENT_SUB, CLIENT_SCOPES,
-                       client_topics(CLIENT_SUB),
-                       min(CLIENT_TTL, tokens.max_token_seconds(settings)),
-                       issuer=settings.jwt_issuer, audience=settings.jwt_audience)
 
 
 def lock(root: Path) -> IO[str]:
@@ -155,24 +129,3 @@ def running_url(environ: dict[str, str] | os._Environ[str]) -> tuple[Path, str |
     root = stack_dir(environ)
     found = _read(root) or {}
     return root, (str(found["url"]) if _alive(found.get("pid")) and "url" in found else None)
-
-
-def main_env(args: argparse.Namespace, settings: Settings) -> int:
-    """``gateway env``: shell lines that give this shell what the README's examples use,
-    from the running dev stack: ``eval "$(gateway env)"``."""
-    root, url = running_url(os.environ)
-    if url is None:
-        raise ConfigError(DIR_VARIABLE, f"no running gateway dev stack in {root} (start "
-                          "`gateway dev` in this folder, or point GATEWAY_DEV_DIR at its "
-                          ".gateway folder)")
-    assert settings.admin_token
-    demo = settings.webhook_sources.get("demo")
-    lines = [f"export {DIR_VARIABLE}={shlex.quote(str(root))}",
-             f"export GATEWAY_URL={shlex.quote(url)}",
-             f"export GATEWAY_ADMIN_TOKEN={shlex.quote(settings.admin_token.get())}",
-             'ADMIN="$GATEWAY_ADMIN_TOKEN"',
-             f"TOKEN={shlex.quote(client_token(settings))}"]
-    if demo is not None:
-        lines.append(f"SECRET={shlex.quote(demo.secret.get())}")
-    print("\n".join(lines))
-    return 0
