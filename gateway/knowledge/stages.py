@@ -177,8 +177,9 @@ async def embed_prepare(contexts: list[StageContext]) -> None:
     """Before the batch's transaction, with no connection held (``Prepare``), for a
     provider's embedder: one read of the items' chunks on a pooled connection returned at
     once, then the embedder (a provider's call may wait minutes on 429s; a transaction must
-    not wait with it), then the model's index. The local model needs none of it: it runs in
-    the transaction (``embed_many``), a few ms per batch, with one read fewer. Each context
+    not wait with it); the model's index is built in the background. The local model needs
+    none of it: it runs in the transaction (``embed_many``), a few ms per batch, with one
+    read fewer. Each context
     gets its ``Embedded`` or, for a provider's failure, the error its item fails with."""
     runtime = contexts[0].runtime
     if isinstance(embedders.for_runtime(runtime), embedding.LocalEmbedder):
@@ -248,8 +249,8 @@ async def _embed(contexts: list[StageContext], rows: list[Any]) -> None:
             continue
         vectors_ = result if result is not None else np.zeros((0, 0), dtype=np.float32)
         model = embedding.model_id(embedder.name, vectors_.shape[1]) if len(vectors_) else ""
-        if model:
-            await vectors.ensure_index(runtime, model, vectors_.shape[1])
+        if model:  # built beside this stage: the local model runs in its transaction
+            vectors.build_later(runtime, model, vectors_.shape[1])
         ctx.prepared = Embedded([(r["item_id"], r["seq"]) for r in by_item[ctx.item_id]],
                                 vectors_, model)
 

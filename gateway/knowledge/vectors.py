@@ -17,6 +17,7 @@ characters, so it cannot close the quote.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ log = logging.getLogger("gateway.knowledge")
 _LOCK_ID = 0x766563  # "vec": index creation, one process at a time
 # A build over a model's existing rows (an index dropped by hand) may take minutes.
 BUILD_SECONDS = 1800.0
+LOCK_POLL_SECONDS = 0.2  # another process's build: how often to try the lock again
 EF_SEARCH = 40  # pgvector's default breadth of an HNSW walk
 HNSW_MAX_DIMENSIONS = 2000  # pgvector's limit for an HNSW index on `vector`
 _LAYOUT = """
@@ -79,15 +81,16 @@ def index_name(model: str) -> str:
 
 
 def _create_index(model: str, dimensions: int) -> str:
-    return (f"CREATE INDEX IF NOT EXISTS {index_name(model)} ON pipeline_chunks USING hnsw "
-            f"((embedding::vector({int(dimensions)})) vector_cosine_ops) "
+    return (f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index_name(model)} ON pipeline_chunks "
+            f"USING hnsw ((embedding::vector({int(dimensions)})) vector_cosine_ops) "
             f"WHERE embedder = '{model}'")
 
 
 async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
     """The model's HNSW index exists (pgvector layout only). Called before the model's first
-    write in a process, on a connection of its own: inside a stage's transaction the build
-    would hold back every other writer of chunks until that batch commits."""
+    write in a process, on a connection of its own, and built ``CONCURRENTLY``: a plain
+    build locks out every writer of chunks (the chunk and embed stages of every worker) for
+    as long as it takes, minutes over a model's existing rows."""
     done = _indexed.setdefault(runtime.settings.database_url, set())
     if model in done:
         return
@@ -97,13 +100,76 @@ async def ensure_index(runtime: Any, model: str, dimensions: int) -> None:
                     HNSW_MAX_DIMENSIONS)
     elif (await layout(runtime)).pgvector:
         async with runtime.pg.acquire() as conn:
-            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL",
-                                       index_name(model)):
-                async with conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
-                    await conn.execute(_create_index(model, dimensions),
-                                       timeout=BUILD_SECONDS)
+            # One build at a time across processes; a session lock, as a concurrent build
+            # runs outside any transaction (the pool's reset unlocks it whatever happens).
+            # Tried, not waited for: a statement waiting holds a snapshot, which the build
+            # under the lock waits for in turn.
+            await _lock(conn)
+            try:
+                await _build(conn, model, dimensions)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_ID)
     done.add(model)
+
+
+def build_later(runtime: Any, model: str, dimensions: int) -> None:
+    """``ensure_index`` in the background, for a caller inside a transaction: a concurrent
+    build waits for every transaction older than it, that caller's too, so awaiting it
+    there would wait forever. The model's searches compare its vectors one by one until the
+    index is there. Builds are the runtime's (``shared``), cancelled when it closes."""
+    if model in _indexed.get(runtime.settings.database_url, ()):
+        return
+    builds = runtime.shared.get(_BUILDS)
+    if builds is None:
+        builds = runtime.shared[_BUILDS] = IndexBuilds()
+    builds.start(runtime, model, dimensions)
+
+
+_BUILDS = "index_builds"
+
+
+class IndexBuilds:
+    """One process's background index builds, one per model; a failed one is started
+    again by the model's next write."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, runtime: Any, model: str, dimensions: int) -> None:
+        if model not in self.tasks:
+            self.tasks[model] = asyncio.create_task(self._run(runtime, model, dimensions))
+
+    async def _run(self, runtime: Any, model: str, dimensions: int) -> None:
+        try:
+            await ensure_index(runtime, model, dimensions)
+        except Exception as exc:
+            log.warning("embedder %s: index not built (%s: %s); tried again later", model,
+                        type(exc).__name__, exc)
+            self.tasks.pop(model, None)
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def _lock(conn: Any) -> None:
+    """The build lock, tried every ``LOCK_POLL_SECONDS`` until it is ours."""
+    while True:
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LOCK_ID):
+            return
+        await asyncio.sleep(LOCK_POLL_SECONDS)
+
+
+async def _build(conn: Any, model: str, dimensions: int) -> None:
+    name = index_name(model)
+    valid = await conn.fetchval(
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)", name)
+    if valid:
+        return
+    if valid is False:  # a concurrent build that failed (or was stopped) leaves it invalid
+        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}", timeout=BUILD_SECONDS)
+    await conn.execute(_create_index(model, dimensions), timeout=BUILD_SECONDS)
 
 
 async def write(conn: Any, runtime: Any, chunks: Sequence[tuple[str, int]],

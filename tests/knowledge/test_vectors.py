@@ -4,6 +4,7 @@ ranking, an embedder change, the doctor's line."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import numpy as np
@@ -26,6 +27,7 @@ CORPUS = {
     "paint": "How to paint a kitchen wall in a weekend, in the modern style.",
     "weather": "Rain is expected tomorrow across the north of the country.",
 }
+LOCAL_MODEL = "local:l2_supercat@256"
 QUERIES = {"a doctor treats sick patients": ("physicians", "teacher"),
            "how to fix a leaking tap in the kitchen": ("washer", "paint")}
 
@@ -52,7 +54,7 @@ async def test_search_ranks_the_closest_meaning_first(any_runtime) -> None:
         results = await search.search(any_runtime, query, EVERYTHING, limit=3)
         assert results[0]["item_id"] == target, (query, results)
     model = await any_runtime.pg.fetchval("SELECT DISTINCT embedder FROM pipeline_chunks")
-    assert model == "local:l2_supercat@256"
+    assert model == LOCAL_MODEL
 
 
 def _seeded(count: int, dims: int, seed: int) -> np.ndarray:
@@ -160,3 +162,52 @@ async def test_a_long_document_is_embedded_whole(any_runtime) -> None:
         "SELECT count(*) AS chunks, count(*) FILTER (WHERE embedder IS NOT NULL) AS embedded"
         " FROM pipeline_chunks WHERE item_id = 'long'")
     assert tuple(counts) == (100, 100)
+
+
+async def test_a_new_models_index_is_built_while_chunks_are_written(runtime) -> None:
+    """A worker's transaction writing chunks is open when a new model's HNSW index is asked
+    for: the build waits for it, and meanwhile other chunk writes go through (a plain build
+    queues for a lock that stops every writer behind it); the index ends valid."""
+    if not (await vectors.layout(runtime)).pgvector:
+        pytest.skip("the test database has no pgvector")
+    model, dims = "test:concurrent@16", 16
+    name = vectors.index_name(model)
+    async with runtime.pg.acquire() as open_writer, open_writer.transaction():
+        await open_writer.execute(
+            "INSERT INTO pipeline_chunks (item_id, seq, body, owner) VALUES ('w', 0, 'x', 'ops')")
+        build = asyncio.create_task(vectors.ensure_index(runtime, model, dims))
+        try:
+            await wait_until(lambda: _building(runtime), timeout=10,
+                             message="the build waits for the open writer")
+            async with runtime.pg.acquire() as writer:
+                await writer.execute("SET lock_timeout = '1s'")
+                await writer.execute(  # a chunk write during the build: not held back
+                    "INSERT INTO pipeline_chunks (item_id, seq, body, owner)"
+                    " VALUES ('other', 0, 'y', 'ops')")
+                await writer.execute("RESET lock_timeout")
+        except BaseException:
+            build.cancel()
+            raise
+    await asyncio.wait_for(build, 30)
+    assert await runtime.pg.fetchval(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)", name) is True
+
+
+async def _building(rt) -> bool:  # type: ignore[no-untyped-def]
+    return bool(await rt.pg.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX%'"
+        " AND wait_event_type = 'Lock'"))
+
+
+async def test_the_embed_stage_builds_a_new_models_index_beside_its_transaction(
+        runtime) -> None:
+    """The local model embeds inside the stage's transaction, which a concurrent build waits
+    for: the stage commits without waiting for the build, and the index follows."""
+    if not (await vectors.layout(runtime)).pgvector:
+        pytest.skip("the test database has no pgvector")
+    vectors.forget()  # this process has not built the local model's index yet
+    await runtime.pg.execute("DROP INDEX IF EXISTS " + vectors.index_name(LOCAL_MODEL))
+    await asyncio.wait_for(index(runtime, "doc", "A document about queues."), 30)
+    assert await wait_until(lambda: runtime.pg.fetchval(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+        vectors.index_name(LOCAL_MODEL)), timeout=30, message="the index built after")
