@@ -177,18 +177,38 @@ def _resolve(command: str) -> Callable[[argparse.Namespace, Settings], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every operator mistake ends in one line on stderr, never a traceback: a wrong setting
+    (exit 2), a store that cannot be reached (naming it and why) or any other refusal of
+    the system (exit 1). ``GATEWAY_LOG_LEVEL=DEBUG`` shows the traceback as well."""
     args = build_parser().parse_args(argv)
+    settings: Settings | None = None
     try:
         settings = load_settings()
         if args.command != "dev":  # the stack of `gateway dev` in this folder, if any
             settings = devstack.apply(settings, os.environ)
-        logging_setup.configure(_secret_values(settings))
+        level = os.environ.get("GATEWAY_LOG_LEVEL") or "INFO"
+        if not logging_setup.is_level(level):
+            raise ConfigError("GATEWAY_LOG_LEVEL", f"must be one of "
+                              f"{', '.join(logging_setup.LEVELS)} (got {level[:40]!r})")
+        logging_setup.configure(_secret_values(settings), level)
         return _resolve(args.command)(args, settings)
     except ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from gateway.stores import reach
+
+        if settings is None or not reach.is_store_error(exc):
+            raise
+        lines = asyncio.run(reach.unreachable(settings)) or [
+            reach.scrub(f"{args.command}: {reach.reason(exc)}", settings)]
+        if os.environ.get("GATEWAY_LOG_LEVEL", "").upper() == "DEBUG":
+            raise
+        # One line: the first store that fails (durable, cache, PostgreSQL) is the one to fix.
+        print(f"gateway: {lines[0]}", file=sys.stderr)
+        return 1
 
 
 def _secret_values(settings: Settings) -> list[str]:

@@ -114,6 +114,14 @@ class RepeatLimiter(logging.Filter):
         self._seen[key] = value
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def is_level(name: str) -> bool:
+    """A level ``GATEWAY_LOG_LEVEL`` may name (any case)."""
+    return name.strip().upper() in LEVELS
+
+
 def configure(secrets: Iterable[str] = (), level: str | None = None) -> None:
     level = level or os.environ.get("GATEWAY_LOG_LEVEL", "INFO")
     handler = logging.StreamHandler()
@@ -123,6 +131,6 @@ def configure(secrets: Iterable[str] = (), level: str | None = None) -> None:
     handler.addFilter(RepeatLimiter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(level.strip().upper())
     for noisy in ("httpx", "httpcore", "aiohttp.access", "telegram.ext.Updater"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

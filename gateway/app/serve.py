@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 from aiohttp import web
@@ -21,7 +22,7 @@ from aiohttp import web
 from gateway.api.state import add_readiness_check
 from gateway.app.process import Service, install_stop_signals, preflight
 from gateway.app.worker import reclaim_service
-from gateway.config import Settings
+from gateway.config import ConfigError, Settings
 from gateway.stores.runtime import open_runtime
 from gateway.web import connections
 from gateway.web.app import create_app
@@ -48,11 +49,18 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS,
                            **connections.runner_options(settings))
     tasks: list[asyncio.Task[None]] = []
+    listening = False
     try:
         await runner.setup()
         # reuse_port: several processes listen on the port, the kernel spreads connections.
         site = connections.gated_site(runner, app, settings, reuse_port=reuse_port or None)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # an operator's mistake: one line, not a traceback
+            raise ConfigError("GATEWAY_PORT", f"cannot listen on {settings.host}:"
+                              f"{settings.port}: {os.strerror(exc.errno) if exc.errno else exc}"
+                              ) from None
+        listening = True
         url = f"http://{settings.host}:{_bound_port(runner, settings.port)}"
         log.info("serving on %s", url)
         # What exists now (modules, the app, pools) lives as long as the process: keep it out
@@ -64,7 +72,8 @@ async def run(settings: Settings, *, services: Sequence[Service] = (),
         await _wait_stop(stop, tasks)
     finally:
         stop.set()
-        log.info("stopping: not ready, closing the socket, finishing requests in flight")
+        if listening:
+            log.info("stopping: not ready, closing the socket, finishing requests in flight")
         await runner.cleanup()
         for task in tasks:
             with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -162,7 +162,12 @@ def _secret_key(secret: str) -> bytes:
 
 def main_sign(args: argparse.Namespace, settings: Settings) -> int:
     """Print ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` header lines."""
-    body = sys.stdin.buffer.read() if args.bodyfile == "-" else Path(args.bodyfile).read_bytes()
+    try:
+        body = (sys.stdin.buffer.read() if args.bodyfile == "-"
+                else Path(args.bodyfile).read_bytes())
+    except OSError as exc:
+        raise SystemExit(f"gateway sign: cannot read {args.bodyfile}: "
+                         f"{exc.strerror or exc}") from None
     timestamp = int(time.time()) if args.timestamp is None else int(args.timestamp)
     headers = signing.sign_standard(_secret_key(args.secret), args.msg_id, timestamp, body)
     for name, value in headers.items():

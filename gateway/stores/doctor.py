@@ -19,6 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 from gateway.config import Settings, redact_url
 from gateway.stores import migrate
 from gateway.stores import redis as redis_clients
+from gateway.stores.reach import reason
 from gateway.stores.redis import AnyRedis
 
 Status = Literal["ok", "warn", "fail"]
@@ -150,7 +151,7 @@ async def check_postgres(dsn: str) -> list[Check]:
     try:
         conn = await asyncio.wait_for(asyncpg.connect(dsn), TIMEOUT)
     except Exception as exc:
-        return [Check("fail", subject, f"unreachable at {redact_url(dsn)}: {type(exc).__name__}")]
+        return [Check("fail", subject, f"unreachable at {redact_url(dsn)}: {reason(exc)}")]
     try:
         version = await conn.fetchval("SHOW server_version")
         missing = await migrate.pending(conn)
@@ -213,7 +214,7 @@ async def _redis_checks(url: str | None, variable: str, role: str,
         return checks, await _server_ids(client)
     except (RedisError, OSError, TimeoutError) as exc:
         return [Check("fail", f"redis-{role}",
-                      f"unreachable at {redact_url(url)}: {type(exc).__name__}")], set()
+                      f"unreachable at {redact_url(url)}: {reason(exc)}")], set()
     finally:
         with contextlib.suppress(Exception):
             await client.aclose()
