@@ -8,9 +8,18 @@ import sys
 from typing import Any
 
 from gateway import keys
+from gateway.notifications import engine as notification_engine
 from tests.fakes.waiting import wait_until
 
-__all__ = ["gateway_cli", "registry_violations", "wait_until"]
+__all__ = ["gateway_cli", "registry_violations", "request_keys", "wait_until"]
+
+
+async def request_keys(client: Any) -> list[str]:
+    """An instance's keys but the processes' own: a serving app marks itself a notification
+    member (``lock:{notify}:members``) when it starts, before any request, so "a refused
+    request writes nothing" compares this with []."""
+    return sorted([k async for k in client.scan_iter(count=1000)
+                   if k != notification_engine.MEMBERS_KEY])
 
 
 async def registry_violations(client: Any, instance: str) -> list[str]:

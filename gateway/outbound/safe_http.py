@@ -82,22 +82,38 @@ def check_address(text: str) -> None:
                       "link-local, CGNAT, multicast or reserved)")
 
 
-class CheckedResolver(AbstractResolver):
-    """The connector's resolver: every address a name resolves to must be allowed, else the
-    whole lookup is refused (a name that also points inward is not trusted outward)."""
+class LazyResolver(AbstractResolver):
+    """A resolver made on first use: aiohttp's wants a running loop, and the app is built
+    (``create_app``) before the loop may run."""
 
     def __init__(self, inner: AbstractResolver | None = None) -> None:
-        self.inner = inner or DefaultResolver()
+        self._inner = inner
+
+    @property
+    def inner(self) -> AbstractResolver:
+        if self._inner is None:
+            self._inner = DefaultResolver()
+        return self._inner
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        results = await self.inner.resolve(host, port, family)
+        return await self.inner.resolve(host, port, family)
+
+    async def close(self) -> None:
+        if self._inner is not None:
+            await self._inner.close()
+
+
+class CheckedResolver(LazyResolver):
+    """The connector's resolver: every address a name resolves to must be allowed, else the
+    whole lookup is refused (a name that also points inward is not trusted outward)."""
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        results = await super().resolve(host, port, family)
         for result in results:
             check_address(result["host"])
         return results
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def _ip_literal(host: str) -> bool:
@@ -123,7 +139,7 @@ class SafeClient:
         self.policy = policy
         checked = policy.allow_private_networks is False
         self.resolver: AbstractResolver = (CheckedResolver(resolver) if checked
-                                           else resolver or DefaultResolver())
+                                           else LazyResolver(resolver))
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:

@@ -17,7 +17,7 @@ from gateway.inbound.http_intake import INBOUND
 from gateway.pipeline.stages import meta_key
 from gateway.pipeline.status import document, ready_items
 from gateway.stores.runtime import Runtime
-from tests.helpers import registry_violations
+from tests.helpers import registry_violations, request_keys
 
 DOC = {"text": "How to rotate a webhook secret", "title": "Rotation",
        "url": "https://docs.test/rotate"}
@@ -94,7 +94,7 @@ async def test_invalid_jobs_are_400_and_write_nothing(client: Any, runtime: Runt
     assert response.status == 400
     answer = await response.json()
     assert answer["error"] == "malformed" and fragment in answer["detail"]
-    assert await runtime.durable.dbsize() == 0
+    assert await request_keys(runtime.durable) == []
 
 
 async def test_not_json_is_400_and_wrong_type_415(client: Any, runtime: Runtime) -> None:
@@ -103,14 +103,14 @@ async def test_not_json_is_400_and_wrong_type_415(client: Any, runtime: Runtime)
     assert broken.status == 400
     form = await client.post("/v1/jobs", data={"document": "x"})
     assert form.status == 415
-    assert await runtime.durable.dbsize() == 0
+    assert await request_keys(runtime.durable) == []
 
 
 async def test_oversized_job_is_413(client: Any, runtime: Runtime) -> None:
     big = {"document": {"text": "x" * (1024 * 1024)}}
     response = await client.post("/v1/jobs", json=big)
     assert response.status == 413
-    assert await runtime.durable.dbsize() == 0
+    assert await request_keys(runtime.durable) == []
 
 
 async def test_status_of_a_queued_job_and_an_unknown_one(client: Any) -> None:
