@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from gateway import keys
 from gateway.pipeline.stages import progress_topic
+from gateway.push.protocol import covers as covers  # re-exported: the access room's vocabulary
+from gateway.push.protocol import topic_matches as topic_matches
 
 SCOPES = ("jobs:write", "jobs:read", "jobs:priority", "jobs:critical", "search:read",
           "feed:read", "metrics:read", "admin", "tokens:issue", "events:write",
@@ -21,20 +23,6 @@ SCOPES = ("jobs:write", "jobs:read", "jobs:priority", "jobs:critical", "search:r
 
 
 MAX_ISSUERS = 12  # how many credentials a token may derive from: minting stops that deep
-
-
-def topic_matches(pattern: str, topic: str) -> bool:
-    """A pattern is a topic name, or a prefix ending in ``*``."""
-    if pattern.endswith("*"):
-        return topic.startswith(pattern[:-1])
-    return pattern == topic
-
-
-def covers(pattern: str, requested: str) -> bool:
-    """Does ``pattern`` allow every topic ``requested`` (itself maybe a pattern) names?"""
-    if pattern.endswith("*"):
-        return requested.removesuffix("*").startswith(pattern[:-1])
-    return pattern == requested
 
 
 @dataclass(frozen=True)

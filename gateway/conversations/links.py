@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,18 +65,21 @@ class NoFreeCode(Exception):
     """Every code drawn was pending for another request (a 503: try again)."""
 
 
-async def new_code(pool: asyncpg.Pool, sub: str) -> dict[str, Any]:
+async def new_code(pool: asyncpg.Pool, sub: str,
+                   topics: Sequence[str] = ()) -> dict[str, Any]:
     """A fresh code for ``sub``. A pending code is never handed to anyone else: a draw that
-    hits one (used or expired codes may be drawn again) draws anew, ``DRAWS`` times at most."""
+    hits one (used or expired codes may be drawn again) draws anew, ``DRAWS`` times at most.
+    ``topics``: the patterns of the credential asking, which the linked chat may then
+    subscribe to (``/subscribe``)."""
     for _ in range(DRAWS):
         code = f"{secrets.randbelow(10**8):08d}"
         taken = await pool.fetchval(
-            "INSERT INTO link_codes (code_hash, sub, expires_at) VALUES"
-            f" ($1, $2, now() + interval '{CODE_SECONDS} seconds')"
+            "INSERT INTO link_codes (code_hash, sub, expires_at, topics) VALUES"
+            f" ($1, $2, now() + interval '{CODE_SECONDS} seconds', $3)"
             " ON CONFLICT (code_hash) DO UPDATE SET sub = EXCLUDED.sub,"
-            " expires_at = EXCLUDED.expires_at, used_at = NULL"
+            " expires_at = EXCLUDED.expires_at, used_at = NULL, topics = EXCLUDED.topics"
             " WHERE link_codes.used_at IS NOT NULL OR link_codes.expires_at <= now()"
-            " RETURNING true", _hash(code), sub)
+            " RETURNING true", _hash(code), sub, list(topics))
         if taken:
             return {"code": code, "expires_in": CODE_SECONDS}
     raise NoFreeCode(f"no free link code in {DRAWS} draws")
@@ -96,13 +100,16 @@ async def link(conn: asyncpg.Connection, durable: AnyRedis, incoming: Incoming) 
     if len(words) != 2 or not (words[1].isdigit() and len(words[1]) == 8):
         return _for(incoming.platform, USAGE)
     async with conn.transaction():
-        sub = await conn.fetchval(
+        code = await conn.fetchrow(
             "UPDATE link_codes SET used_at = now() WHERE code_hash = $1 AND used_at IS NULL"
-            " AND expires_at > now() RETURNING sub", _hash(words[1]))
-        if sub is not None:
+            " AND expires_at > now() RETURNING sub, topics", _hash(words[1]))
+        sub = None if code is None else code["sub"]
+        if code is not None:  # linked again: what it may subscribe to is the new code's
             await conn.execute(
-                "INSERT INTO chat_links (sub, platform, chat_key) VALUES ($1, $2, $3)"
-                " ON CONFLICT DO NOTHING", sub, incoming.platform, chat_key(incoming))
+                "INSERT INTO chat_links (sub, platform, chat_key, topics)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (sub, platform, chat_key)"
+                " DO UPDATE SET topics = EXCLUDED.topics",
+                sub, incoming.platform, chat_key(incoming), code["topics"])
     if sub is not None:
         return LINKED
     async with durable.pipeline(transaction=True) as pipe:
@@ -149,3 +156,18 @@ async def linked_conversations(pool: asyncpg.Pool, sub: str,
         " ON l.platform = c.platform AND l.chat_key = c.chat_key"
         " WHERE l.sub = $1 AND c.id = ANY($2::bigint[])", sub, conversation_ids)
     return {r["id"] for r in rows}
+
+
+# Where a chat's id sits in its chat key, per platform (``model.chat_key``).
+_CHAT_IN_KEY = {"telegram": "chat_key", "slack": "split_part(chat_key, '/', 2)",
+                "mattermost": "split_part(chat_key, '/', 1)"}
+
+
+async def linked_chat(pool: asyncpg.Pool, sub: str, platform: str, chat: str) -> bool:
+    """Is the chat (a Telegram chat, a Slack or Mattermost channel) linked to ``sub``?"""
+    column = _CHAT_IN_KEY.get(platform)
+    if column is None:
+        return False
+    return bool(await pool.fetchval(
+        f"SELECT EXISTS (SELECT 1 FROM chat_links WHERE sub = $1 AND platform = $2"
+        f" AND {column} = $3)", sub, platform, chat))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.config import Settings
-from gateway.conversations import links, store
+from gateway.conversations import links, store, subscribing
 from gateway.conversations.handlers import Context, Handler, Reply, load_handler
 from gateway.conversations.llm import LlmHandler
 from gateway.conversations.locks import KeyedLocks
@@ -105,8 +105,12 @@ class ConversationService:
     async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
                              send: Send) -> Outcome:
         command = command_of(incoming.text)
-        if command == "link":  # answered, never stored: the code must not reach the feed
-            answer_text = await links.link(conn, self.runtime.durable, incoming)
+        # Answered, never stored: a link code must not reach the feed, and a chat's
+        # subscription commands are for the gateway, not the conversation.
+        if command == "link" or command in subscribing.COMMANDS:
+            answer_text = (await links.link(conn, self.runtime.durable, incoming)
+                           if command == "link" else
+                           await subscribing.answer(conn, self.runtime, incoming))
             delivered = await deliver(conn, self.limiter, limit_names(incoming, self.limits),
                                       incoming, answer_text, send, self.policy)
             return Outcome(0, 0, answer_text, delivered)

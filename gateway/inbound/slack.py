@@ -45,6 +45,7 @@ from gateway.inbound.chat_guard import Guard
 from gateway.inbound.http_intake import read_body
 from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.entry import Entry
+from gateway.outbound.chat import NOTIFICATION_EVENT, register_poster
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import Undeliverable, retry_after_of
 from gateway.outbound.live import PlatformReply
@@ -80,6 +81,10 @@ def _incoming(body: dict[str, Any], event: dict[str, Any]) -> Incoming | None:
                     team=str(body.get("team_id") or event.get("team") or "-"))
 
 
+# What ``/gw <word> ...`` hands the conversation service as the command ``/<word> ...``.
+SLASHED = ("link", "subscribe", "unsubscribe", "subscriptions")
+
+
 def _command(body: dict[str, Any]) -> Entry | None:
     """``/gw new`` → ``/new``; ``/gw anything`` → ``anything``; answered at response_url."""
     if not body.get("channel_id") or not body.get("user_id") or not body.get(RESPONSE_URL):
@@ -87,7 +92,7 @@ def _command(body: dict[str, Any]) -> Entry | None:
     words = str(body.get("text") or "").strip()
     command = words.split(maxsplit=1)[0].lower() if words else "help"
     text = f"/{command}" if command in ("new", "status", "help") else words
-    if command == "link":  # /gw link <code>
+    if command in SLASHED:  # /gw link <code>, /gw subscribe <topic>, ...
         text = "/" + words
     incoming = Incoming(platform="slack", chat=str(body["channel_id"]), thread=None,
                         user_id=str(body["user_id"]), user_name=body.get("user_name"),
@@ -326,6 +331,46 @@ async def _mapped(call: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
         raise
 
 
+class SlackPoster:
+    """Notifications to a channel (``gateway.outbound.chat``): chat.postMessage with
+    metadata carrying the mark, which ``posted`` looks for in the channel's history since
+    the post began (pages of ``PAGE_SIZE``, ``EARLIER_PAGES`` at most; unreadable counts as
+    not there: better twice than never)."""
+
+    platform = "slack"
+    can_look = True
+
+    def __init__(self, bot: SlackBot) -> None:
+        self.bot = bot
+
+    async def post(self, chat: str, text: str, mark: str) -> None:
+        await _mapped(self.bot.client.chat_postMessage(channel=chat, text=text, metadata={
+            "event_type": NOTIFICATION_EVENT, "event_payload": {"mark": mark}}))
+
+    async def posted(self, chat: str, mark: str, since: float) -> bool:
+        cursor: str | None = None
+        try:
+            for _ in range(EARLIER_PAGES):
+                page = await self.bot.client.conversations_history(
+                    channel=chat, oldest=f"{since:.6f}", include_all_metadata=True,
+                    limit=PAGE_SIZE, cursor=cursor)
+                if any(_marked(m, mark) for m in page.get("messages") or []):
+                    return True
+                cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+                if cursor is None:
+                    break
+        except SlackApiError as exc:
+            log.warning("slack: cannot read a channel to check for a notification (%s)",
+                        exc.response.get("error", "") if exc.response else "error")
+        return False
+
+
+def _marked(message: Mapping[str, Any], mark: str) -> bool:
+    metadata = message.get("metadata") or {}
+    return bool(metadata.get("event_type") == NOTIFICATION_EVENT
+                and (metadata.get("event_payload") or {}).get("mark") == mark)
+
+
 SLACK_BOT: web.AppKey[SlackBot] = web.AppKey("slack_bot", SlackBot)
 
 
@@ -360,6 +405,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         return
     bot = SlackBot(runtime, Guard(app, runtime))
     app[SLACK_BOT] = bot
+    register_poster(app, SlackPoster(bot))
     for path, doc in (("/slack/events", EVENTS), ("/slack/commands", COMMANDS)):  # signed
         routes.post(app, path, bot.dispatch, scope=PUBLIC, doc=doc,
                     budget=routes.WRITE_BUDGET_SECONDS)

@@ -42,6 +42,7 @@ from gateway.inbound.http_intake import refuse_during_maintenance
 from gateway.inbound.telegram_polling import Poller
 from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.entry import Entry
+from gateway.outbound.chat import register_poster
 from gateway.outbound.delivery import Send
 from gateway.outbound.errors import RetryLater, Undeliverable, retry_after_of
 from gateway.outbound.live import PlatformReply
@@ -209,6 +210,26 @@ class TelegramReply(PlatformReply):
                 raise
 
 
+class TelegramPoster:
+    """Notifications to a Telegram chat (``gateway.outbound.chat``): sendMessage. The Bot
+    API cannot list what a chat holds, so there is no look before a retried post."""
+
+    platform = "telegram"
+    can_look = False
+
+    def __init__(self, bot: TelegramBot) -> None:
+        self.bot = bot
+
+    async def post(self, chat: str, text: str, mark: str) -> None:
+        if not self.bot.ready.is_set():
+            raise RuntimeError("telegram: the bot is starting")
+        chat_id: int | str = int(chat) if chat.lstrip("-").isdigit() else chat  # or @channel
+        await _mapped(self.bot.ptb.bot.send_message(chat_id=chat_id, text=text))
+
+    async def posted(self, chat: str, mark: str, since: float) -> bool:
+        return False
+
+
 NOT_MODIFIED = "message is not modified"
 T = TypeVar("T")
 
@@ -248,6 +269,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         log.warning("telegram: TELEGRAM_WEBHOOK_SECRET is not set; the webhook refuses all")
     bot = TelegramBot(runtime, Guard(app, runtime), polling=runtime.settings.telegram_polling)
     app[TELEGRAM_BOT] = bot
+    register_poster(app, TelegramPoster(bot))
     routes.post(app, "/telegram/webhook", bot.webhook, scope=PUBLIC,  # secret header
                 doc=WEBHOOK, budget=routes.WRITE_BUDGET_SECONDS)
 

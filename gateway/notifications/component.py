@@ -1,6 +1,7 @@
 """The delivery engine as a component of the HTTP application: every ``serve`` (and ``gateway
-dev``) process delivers notifications from start to stop. Chat destinations are sent through
-the senders the chat components left on the application (``CHAT_SENDERS``)."""
+dev``) process delivers notifications from start to stop. Chat destinations are posted
+through the platform clients the chat components left on the application
+(``gateway.outbound.chat.CHAT_POSTERS``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.notifications.chat import chat_senders
 from gateway.notifications.engine import Engine
 from gateway.notifications.settings import NotificationSettings
+from gateway.ratelimit import Limiter
 from gateway.stores.runtime import Runtime
 
 ENGINE: web.AppKey[Engine] = web.AppKey("notifications_engine", Engine)
@@ -22,7 +25,8 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     settings = NotificationSettings.from_settings(runtime.settings)
     if not settings.deliver:
         return
-    engine = Engine(runtime, settings)
+    engine = Engine(runtime, settings, chat_senders=chat_senders(
+        app, runtime.settings, Limiter(runtime.durable)))
     app[ENGINE] = engine
 
     async def deliver(app: web.Application) -> AsyncIterator[None]:

@@ -41,7 +41,7 @@ from gateway.notifications import metrics
 from gateway.notifications.cursors import CursorWriter
 from gateway.notifications.held import Held
 from gateway.notifications.rows import Rows
-from gateway.notifications.runner import Context, Runner, Sender
+from gateway.notifications.runner import AnySender, Context, Runner
 from gateway.notifications.settings import NotificationSettings
 from gateway.notifications.store import CHANGES_TOPIC
 from gateway.notifications.webhook import WebhookSender
@@ -61,7 +61,7 @@ POOL_CONNECTIONS = 4
 SUBSCRIBE_SECONDS = 2.0
 FULL_RELOAD_POLLS = 30  # a full reload at least this often (polls), whatever the fingerprint
 
-SenderFactory = Callable[[Held], Sender | None]
+SenderFactory = Callable[[Held], AnySender]
 
 
 def lease_name(part: int) -> str:
@@ -240,7 +240,7 @@ class Engine:
         self._prefixes = sorted(p[:-1] for p in patterns if p.endswith("*"))
         metrics.HELD.set(len(self.runners))
 
-    def _sender(self, held: Held) -> Sender | None:
+    def _sender(self, held: Held) -> AnySender | None:
         if held.type == "webhook":
             assert held.secret is not None
             return WebhookSender(self.client, str(held.destination["url"]), held.secret)

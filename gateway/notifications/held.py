@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.notifications.subscriptions import matches
+from gateway.push.protocol import topic_matches as matches
 
 
 @dataclass
@@ -44,6 +44,8 @@ class Held:
     failing_since: float | None = None
     retry_at: float | None = None
     last_error: str | None = None
+    # A chat message being posted: {topic, to, epoch, mark, at} (see notifications.chat).
+    sending: dict[str, Any] | None = None
 
     @property
     def type(self) -> str:
@@ -76,7 +78,7 @@ stamped AS (
     WHERE s.part = u.part AND s.fence < u.token RETURNING s.id)
 SELECT s.id, s.part, s.topic, s.kinds, s.destination, s.secret, s.template, s.state,
        s.version, u.token AS fence, s.start_after, s.head_failures, s.head_failing_since,
-       s.failing_since, s.retry_at, s.last_error,
+       s.failing_since, s.retry_at, s.last_error, s.sending,
        (SELECT coalesce(jsonb_object_agg(c.topic, jsonb_build_array(c."offset", c.epoch)),
                         '{}'::jsonb)
         FROM subscription_cursors c WHERE c.subscription_id = s.id) AS cursors
@@ -95,7 +97,7 @@ async def load(pool: asyncpg.Pool, tokens: dict[int, int]) -> list[Held]:
         r["destination"], r["secret"], r["template"], r["state"], r["version"], r["fence"],
         r["start_after"], {t: (int(v[0]), int(v[1])) for t, v in r["cursors"].items()},
         r["head_failures"], _seconds(r["head_failing_since"]), _seconds(r["failing_since"]),
-        _seconds(r["retry_at"]), r["last_error"]) for r in records]
+        _seconds(r["retry_at"]), r["last_error"], r["sending"]) for r in records]
 
 
 async def fingerprint(pool: asyncpg.Pool, parts: list[int]) -> tuple[int, int]:
@@ -125,7 +127,7 @@ ok AS (
     UPDATE subscriptions s SET
         delivered_at = CASE WHEN u.delivered THEN now() ELSE s.delivered_at END,
         failing_since = CASE WHEN u.delivered THEN NULL ELSE s.failing_since END,
-        head_failures = 0, head_failing_since = NULL, retry_at = NULL
+        head_failures = 0, head_failing_since = NULL, retry_at = NULL, sending = NULL
     FROM u WHERE s.id = u.id AND s.fence = u.fence AND s.version = u.version
     RETURNING s.id)
 INSERT INTO subscription_cursors (subscription_id, topic, "offset", epoch)
@@ -187,6 +189,13 @@ async def give_up(pool: asyncpg.Pool, held: Held, topic: str, offset: int, epoch
         _GIVE_UP, held.id, held.fence, held.version, topic, offset, epoch,
         held.last_error or "failed", held.head_failures, held.failing_since, kind,
         held.head_failing_since or time.time()) is not None
+
+
+async def sending(pool: asyncpg.Pool, held: Held, message: dict[str, Any]) -> bool:
+    """Record the chat message about to be posted (its mark and the rows it covers)."""
+    return await pool.fetchval(
+        "UPDATE subscriptions SET sending = $3 WHERE id = $1 AND fence = $2 RETURNING id",
+        held.id, held.fence, message) is not None
 
 
 async def pause(pool: asyncpg.Pool, held: Held, error: str) -> bool:

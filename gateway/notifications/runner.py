@@ -30,6 +30,7 @@ import asyncpg
 
 from gateway.notifications import held as statements
 from gateway.notifications import metrics
+from gateway.notifications.chat import MAX_DIGEST_ROWS, ChatSender
 from gateway.notifications.cursors import CursorWriter
 from gateway.notifications.held import Held
 from gateway.notifications.outcome import Outcome
@@ -40,11 +41,15 @@ from gateway.push.protocol import FeedRow
 log = logging.getLogger("gateway.notifications")
 
 JITTER = 0.2  # each delay is drawn within +-20 %, so failing endpoints do not retry in step
+LOOK_MARGIN = 5.0  # a marked message is looked for from this long before the mark was written
 STORE_RETRY_SECONDS = 1.0
 
 
 class Sender(Protocol):
     async def send(self, row: FeedRow) -> Outcome: ...
+
+
+AnySender = Sender | ChatSender
 
 
 @dataclass
@@ -61,7 +66,7 @@ class Context:
 
 
 class Runner:
-    def __init__(self, held: Held, context: Context, sender: Sender) -> None:
+    def __init__(self, held: Held, context: Context, sender: AnySender) -> None:
         self.held = held
         self.context = context
         self.sender = sender
@@ -111,7 +116,19 @@ class Runner:
                 await self.task
 
     async def run(self) -> None:
+        recovered = False
         while not self.stopping:
+            if not recovered and self.held.state == "active" and not self.stale:
+                try:
+                    await self.recover()
+                    recovered = True
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the platform or a store: look again shortly
+                    log.warning("subscription %s: look for its last message failed: %s",
+                                self.held.id, type(exc).__name__)
+                    await self._sleep(STORE_RETRY_SECONDS)
+                    continue
             try:
                 await self._step()
             except asyncio.CancelledError:
@@ -141,10 +158,69 @@ class Runner:
             return
         self.in_flight = True
         try:
-            outcome = await self.sender.send(row)
-            await self._settle(row, outcome)
+            if isinstance(self.sender, ChatSender):
+                await self._post(row, self.sender)
+            else:
+                await self._settle(row, await self.sender.send(row))
         finally:
             self.in_flight = False
+
+    async def _post(self, row: FeedRow, sender: ChatSender) -> None:
+        """A chat message: after the platform limits, the row and every row of its topic that
+        waits behind it (a digest, as many as one message holds), marked before the post."""
+        await sender.admit()
+        lines, last = await self._gather(row, sender)
+        mark = f"{self.held.id}:{row.topic}:{row.epoch}:{last.offset}"
+        message = {"topic": row.topic, "to": last.offset, "epoch": row.epoch, "mark": mark,
+                   "at": time.time()}
+        if not await statements.sending(self.context.pool, self.held, message):
+            self._lost()
+            return
+        self.held.sending = message
+        outcome = await sender.send(sender.text(row.topic, lines), mark)
+        await self._settle(row, outcome, last)
+
+    async def _gather(self, first: FeedRow, sender: ChatSender) -> tuple[list[str], FeedRow]:
+        """The lines of ``first`` and of the rows of its topic after it that are already
+        there and fit one message (rows of unwanted kinds passed over); and the last row
+        looked at, where the cursor goes once the message is taken."""
+        lines = [sender.line(first)]
+        size, last = len(lines[0]), first
+        while len(lines) < MAX_DIGEST_ROWS:
+            epoch, head = self.context.heads.get(first.topic, (first.epoch, first.offset))
+            if epoch != first.epoch or head <= last.offset:
+                break
+            row = await self.context.rows.after(first.topic, last.offset, first.epoch)
+            if row is None or row.epoch != first.epoch:
+                break
+            if not self.held.wants(row.kind):
+                last = row
+                continue
+            line = sender.line(row)
+            if not sender.fits(first.topic, len(lines) + 1, size + 1 + len(line)):
+                break
+            lines.append(line)
+            size += 1 + len(line)
+            last = row
+        return lines, last
+
+    async def recover(self) -> None:
+        """A chat message its predecessor was posting when it stopped: if the platform shows
+        it, the rows it covered are delivered (the cursor moves past them, nothing posted);
+        otherwise they go out again (on Telegram, which cannot be asked, that may show them
+        twice)."""
+        message, sender = self.held.sending, self.sender
+        if not message or not isinstance(sender, ChatSender):
+            return
+        if sender.can_look and await sender.posted(str(message["mark"]),
+                                                   float(message["at"]) - LOOK_MARGIN):
+            log.info("subscription %s: message %s was posted before its holder stopped",
+                     self.held.id, message["mark"])
+            await self._move(str(message["topic"]), int(message["to"]), int(message["epoch"]),
+                             delivered=True)
+        elif not sender.can_look:
+            log.warning("subscription %s: message %s may show twice (%s cannot be asked)",
+                        self.held.id, message["mark"], sender.platform)
 
     async def _next_row(self) -> FeedRow | None:
         held, heads = self.held, self.context.heads
@@ -167,11 +243,14 @@ class Runner:
                 best = row
         return best
 
-    async def _settle(self, row: FeedRow, outcome: Outcome) -> None:
+    async def _settle(self, row: FeedRow, outcome: Outcome,
+                      last: FeedRow | None = None) -> None:
+        """``row`` was sent (with the rows up to ``last``, a digest's): settle the outcome."""
         held = self.held
+        last = last or row
         if outcome.kind == "ok":
             self.delivered.inc()
-            await self._move(row, delivered=True)
+            await self._move(last.topic, last.offset, last.epoch, delivered=True)
             return
         if outcome.kind == "wait":  # 429 + Retry-After: as asked, not a failure
             self.hold_until = time.time() + min(
@@ -201,14 +280,13 @@ class Runner:
         if not await statements.failed(pool, held):
             self._lost()
 
-    async def _move(self, row: FeedRow, *, delivered: bool) -> None:
-        """Write the cursor past ``row`` (retrying the write, never the send: the row was
+    async def _move(self, topic: str, offset: int, epoch: int, *, delivered: bool) -> None:
+        """Write the cursor to ``offset`` (retrying the write, never the send: the rows were
         taken), then forget the head's failures."""
         held = self.held
         while True:
             try:
-                moved = await self.context.writer.move(held, row.topic, row.offset, row.epoch,
-                                                       delivered)
+                moved = await self.context.writer.move(held, topic, offset, epoch, delivered)
                 break
             except asyncio.CancelledError:
                 raise
@@ -219,9 +297,10 @@ class Runner:
         if not moved:
             self._lost()
             return
-        held.cursors[row.topic] = (row.offset, row.epoch)
-        self.dirty.pop(row.topic, None)
+        held.cursors[topic] = (offset, epoch)
+        self.dirty.pop(topic, None)
         held.head_failures, held.head_failing_since, held.retry_at = 0, None, None
+        held.sending = None
         if delivered:
             held.failing_since = None
 

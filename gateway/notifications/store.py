@@ -81,8 +81,18 @@ async def create(pool: asyncpg.Pool, cache: AnyRedis, owner: str, request: Reque
                  limit: int | None) -> tuple[dict[str, Any], str | None]:
     """A new subscription owned by ``owner`` (at most ``limit`` per owner; None: no limit);
     answers it and its secret, which is never shown again."""
+    async with pool.acquire() as conn:
+        created = await create_on(conn, owner, request, limit)
+    await changed(cache)
+    return created, request.secret
+
+
+async def create_on(conn: asyncpg.Connection, owner: str, request: Request,
+                    limit: int | None) -> dict[str, Any]:
+    """``create`` on a connection the caller holds (a chat's command), in a transaction of
+    its own; the caller signals ``changed`` after it."""
     sub_id = "sub_" + secrets.token_hex(8)
-    async with pool.acquire() as conn, conn.transaction():
+    async with conn.transaction():
         if limit is not None:
             # One creator at a time per owner, so the count holds under concurrency.
             await conn.execute("SELECT pg_advisory_xact_lock(1717920200, hashtext($1))", owner)
@@ -95,9 +105,7 @@ async def create(pool: asyncpg.Pool, cache: AnyRedis, owner: str, request: Reque
                            request.destination, request.secret, request.template,
                            request.after or 0)
         await conn.execute(_START, sub_id, request.topic, request.after)
-        record = await _get(conn, sub_id, None)
-    await changed(cache)
-    return to_json(record), request.secret
+        return to_json(await _get(conn, sub_id, None))
 
 
 class TooMany(Exception):

@@ -29,7 +29,7 @@ _FIELD = re.compile(r"\{([^{}]*)\}")
 _DATA_NAME = re.compile(r"^data(\.[A-Za-z0-9_-]{1,100}){1,8}$")
 _PLAIN_FIELDS = ("topic", "kind", "offset", "text")
 # What a chat destination names, per type: the field and what it must look like.
-_CHAT_FIELDS = {"telegram": "chat_id", "slack": "channel", "mattermost": "channel_id"}
+CHAT_FIELDS = {"telegram": "chat_id", "slack": "channel", "mattermost": "channel_id"}
 _CHAT_ID = re.compile(r"^[A-Za-z0-9_@.:/-]{1,200}$")
 
 
@@ -62,12 +62,6 @@ def check_pattern(topic: Any) -> str:
     elif topic != "*":
         raise Invalid("topic must not be empty")
     return topic
-
-
-def matches(pattern: str, topic: str) -> bool:
-    if pattern.endswith("*"):
-        return topic.startswith(pattern[:-1])
-    return pattern == topic
 
 
 def parse_request(body: Any, *, allow_http: bool) -> Request:
@@ -115,7 +109,7 @@ def parse_destination(value: Any, *, allow_http: bool) -> tuple[dict[str, Any], 
             raise Invalid(f"destination: unknown field(s) {', '.join(sorted(unknown))[:100]}")
         return {"type": kind, "url": check_url(value.get("url"), allow_http=allow_http)}, \
             _secret(value.get("secret"))
-    name = _CHAT_FIELDS[kind]
+    name = CHAT_FIELDS[kind]
     if set(value) - {"type", name}:
         raise Invalid(f"a {kind} destination is {{\"type\": \"{kind}\", \"{name}\"}}")
     chat = value.get(name)

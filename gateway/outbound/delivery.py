@@ -100,7 +100,7 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
     failures = rate_limited = 0
     while True:
         try:
-            await _admit(limiter, limits)
+            await admit(limiter, limits)
             await send(text)
             return True
         except (asyncio.CancelledError, StoreOutage):
@@ -127,7 +127,7 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
 
-async def _admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> None:
+async def admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> None:
     """Wait for every platform bucket; an unreachable limiter store is a ``StoreOutage``."""
     try:
         for name, rate in limits:

@@ -37,6 +37,20 @@ def check_topic(topic: str) -> str:
     return topic
 
 
+def topic_matches(pattern: str, topic: str) -> bool:
+    """A pattern is a topic name, or a prefix ending in ``*``."""
+    if pattern.endswith("*"):
+        return topic.startswith(pattern[:-1])
+    return pattern == topic
+
+
+def covers(pattern: str, requested: str) -> bool:
+    """Does ``pattern`` allow every topic ``requested`` (itself maybe a pattern) names?"""
+    if pattern.endswith("*"):
+        return requested.removesuffix("*").startswith(pattern[:-1])
+    return pattern == requested
+
+
 @dataclass(frozen=True)
 class FeedRow:
     topic: str

@@ -285,8 +285,10 @@ def setup(app: web.Application, runtime: Runtime) -> None:
         account = _account(request)
         await refuse_during_maintenance(auth.maintenance)
         await code_rate.admit(owner_namespace(account))
+        principal = principal_of(request)  # its topics: what the chat may subscribe to
+        topics = principal.topics if isinstance(principal, AccessPrincipal) else ()
         try:
-            return web.json_response(await links.new_code(runtime.pg, account))
+            return web.json_response(await links.new_code(runtime.pg, account, topics))
         except links.NoFreeCode:
             raise ApiError(503, "busy", "no free link code now; retry",
                            {"Retry-After": "1"}) from None

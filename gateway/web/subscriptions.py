@@ -28,13 +28,19 @@ from gateway.api.spec import (
     string,
 )
 from gateway.api.state import principal_of
+from gateway.conversations import links
 from gateway.inbound.documents import parse_json
 from gateway.inbound.http_intake import read_body, require_json
 from gateway.inbound.signing import MalformedError
 from gateway.notifications import store
 from gateway.notifications.engine import policy_of
 from gateway.notifications.settings import NotificationSettings
-from gateway.notifications.subscriptions import CHAT_TYPES, Invalid, parse_request
+from gateway.notifications.subscriptions import (
+    CHAT_FIELDS,
+    CHAT_TYPES,
+    Invalid,
+    parse_request,
+)
 from gateway.outbound.safe_http import Refused, SafeClient
 from gateway.stores.runtime import Runtime
 
@@ -100,9 +106,11 @@ class SubscriptionRoutes:
                 await self.client.check_url(parsed.destination["url"])
             except Refused as exc:
                 raise ApiError(400, "bad_request", f"destination.url: {exc}") from None
-        if parsed.destination["type"] in CHAT_TYPES and not principal.is_admin:
-            raise ApiError(403, "forbidden", "a chat destination is made from the chat itself "
-                           "(/subscribe <topic>) or with the admin token")
+        if parsed.destination["type"] in CHAT_TYPES and not await self._linked(
+                principal, parsed.destination):
+            raise ApiError(403, "forbidden", "a chat destination must be a chat linked to the "
+                           "credential's account (/link), else use the admin token or "
+                           "/subscribe <topic> in the chat")
         limit = None if principal.is_admin else self.settings.max_subscriptions_per_credential
         try:
             created, secret = await store.create(
@@ -113,6 +121,15 @@ class SubscriptionRoutes:
         if secret is not None:
             created["secret"] = secret  # shown this once
         return web.json_response(created, status=201)
+
+    async def _linked(self, principal: Principal, destination: dict[str, Any]) -> bool:
+        """May ``principal`` make the bot post in this chat? The admin anywhere; an account
+        in a chat linked to it (an API key has no chats)."""
+        if principal.is_admin:
+            return True
+        kind = str(destination["type"])
+        return principal.account is not None and await links.linked_chat(
+            self.runtime.pg, principal.account, kind, str(destination[CHAT_FIELDS[kind]]))
 
     async def listing(self, request: web.Request) -> web.Response:
         found = await store.listing(self.runtime.pg_reads, _owner(request),

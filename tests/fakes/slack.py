@@ -361,8 +361,10 @@ class FakeSlack(FakeServer):
         user: str = USER_ID,
         ts: str | None = None,
         thread_ts: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Seed a (user) message into a channel for conversations.history/replies."""
+        """Seed a message into a channel for conversations.history/replies (with
+        ``metadata``, as one the bot posted carrying it)."""
         message: dict[str, Any] = {
             "type": "message",
             "user": user,
@@ -371,6 +373,8 @@ class FakeSlack(FakeServer):
         }
         if thread_ts:
             message["thread_ts"] = thread_ts
+        if metadata is not None:
+            message["metadata"] = metadata
         self._store(channel, message)
         return message
 

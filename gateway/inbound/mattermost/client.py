@@ -19,6 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from gateway.outbound.chat import NOTIFICATION_EVENT
+
 log = logging.getLogger("gateway.mattermost")
 
 
@@ -64,6 +66,7 @@ class Post:
     delete_at: int = 0
     user_name: str = ""  # filled in by the listener (one cached lookup per author)
     reply_to: str = ""  # props.gateway_reply_to: the post a gateway reply answers
+    mark: str = ""  # props.gateway_notification: the mark of a notification the gateway posted
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Post:
@@ -71,12 +74,14 @@ class Post:
             return str(data.get(name) or "")
 
         props = data.get("props")
-        reply_to = props.get(REPLY_TO_PROP) if isinstance(props, dict) else None
+        props = props if isinstance(props, dict) else {}
+        reply_to, mark = props.get(REPLY_TO_PROP), props.get(NOTIFICATION_EVENT)
         return cls(id=str(data["id"]), channel_id=str(data["channel_id"]),
                    user_id=text("user_id"), message=text("message"), root_id=text("root_id"),
                    create_at=int(data.get("create_at") or 0), type=text("type"),
                    delete_at=int(data.get("delete_at") or 0),
-                   reply_to=reply_to if isinstance(reply_to, str) else "")
+                   reply_to=reply_to if isinstance(reply_to, str) else "",
+                   mark=mark if isinstance(mark, str) else "")
 
 
 def posted_post(event: dict[str, Any]) -> Post | None:
@@ -143,13 +148,16 @@ class MattermostClient:
         return sorted(posts, key=lambda p: p.create_at)
 
     async def create_post(self, channel_id: str, message: str, root_id: str | None = None,
-                          reply_to: str | None = None) -> dict[str, Any]:
-        """``reply_to`` (the post answered) is kept in the reply's props, so a successor can
-        see on the platform itself that a post was answered."""
+                          reply_to: str | None = None, mark: str | None = None
+                          ) -> dict[str, Any]:
+        """``reply_to`` (the post answered) or ``mark`` (a notification's) is kept in the
+        post's props, so a successor can see on the platform itself that it was posted."""
         body: dict[str, Any] = {"channel_id": channel_id, "message": message,
                                 "root_id": root_id or ""}
         if reply_to:
             body["props"] = {REPLY_TO_PROP: reply_to}
+        if mark:
+            body["props"] = {NOTIFICATION_EVENT: mark}
         result: dict[str, Any] = await self._call("POST", "/posts", json=body)
         return result
 

@@ -20,15 +20,17 @@ from aiohttp import web
 from gateway import keys
 from gateway.api.state import add_readiness_check
 from gateway.config import ConfigError, Settings, field_types, positive_numbers
-from gateway.conversations import links
+from gateway.conversations import subscribing
 from gateway.conversations.model import Incoming
 from gateway.inbound.mattermost import health
-from gateway.inbound.mattermost.client import MattermostClient, Post
+from gateway.inbound.mattermost.client import MattermostClient, MattermostError, Post
 from gateway.inbound.mattermost.listener import Listener, ListenerConfig
 from gateway.inbox.component import PlatformInbox, refusal
 from gateway.inbox.consumer import Process
 from gateway.inbox.entry import Entry
+from gateway.outbound.chat import register_poster
 from gateway.outbound.delivery import Send
+from gateway.outbound.errors import Undeliverable
 from gateway.outbound.live import PlatformReply
 from gateway.stores.runtime import Runtime
 
@@ -68,7 +70,8 @@ class MattermostBot:
         incoming = Incoming(platform="mattermost", chat=post.channel_id,
                             thread=post.root_id or None, user_id=post.user_id,
                             user_name=post.user_name or post.user_id,
-                            text=links.bare_link(post.message), message_id=post.id)
+                            text=subscribing.bare_command(post.message),
+                            message_id=post.id)
         route = {POST_ID: post.id, CREATED_AT: str(post.create_at)}
         pushed = await self.inbox.push(Entry(incoming, route),
                                        keys.dedup_mattermost_post(post.id))
@@ -144,6 +147,34 @@ class MattermostReply(PlatformReply):
         await self.client.patch_post(ref, text)
 
 
+class MattermostPoster:
+    """Notifications to a channel (``gateway.outbound.chat``): a post whose props carry the
+    mark, which ``posted`` looks for among the bot's posts in the channel since then."""
+
+    platform = "mattermost"
+    can_look = True
+
+    def __init__(self, bot: MattermostBot) -> None:
+        self.bot = bot
+
+    def _client(self) -> MattermostClient:
+        if self.bot.client is None:
+            raise RuntimeError("mattermost: not connected")
+        return self.bot.client
+
+    async def post(self, chat: str, text: str, mark: str) -> None:
+        try:
+            await self._client().create_post(chat, text, mark=mark)
+        except MattermostError as exc:
+            if exc.status in (403, 404):  # no such channel, or not a member: retrying won't do
+                raise Undeliverable(str(exc)) from exc
+            raise
+
+    async def posted(self, chat: str, mark: str, since: float) -> bool:
+        posts = await self._client().posts_since(chat, int(since * 1000) - 1)
+        return any(post.mark == mark for post in posts)
+
+
 def setup(app: web.Application, runtime: Runtime) -> None:
     """Run the listener and the consumer next to the HTTP server when ``MATTERMOST_URL`` is
     set. The readiness entry is not required: a standby replica (no lease) is still ready.
@@ -151,6 +182,7 @@ def setup(app: web.Application, runtime: Runtime) -> None:
     if not runtime.settings.mattermost_url:
         return
     bot = MattermostBot(runtime)
+    register_poster(app, MattermostPoster(bot))
     add_readiness_check(app, "mattermost-listener", health.readiness_check(runtime),
                         required=False)
 
