@@ -11,10 +11,9 @@ from typing import Any
 from gateway.access.tokens import mint
 from gateway.config import Secret
 from gateway.conversations import links, subscribing
-from gateway.conversations.model import Incoming
-from gateway.conversations.service import service_for
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
+from tests.access.test_links import say as say_in_chat
 from tests.fakes import FakeSlack, FakeTelegram, slash_command_body
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN
@@ -47,15 +46,8 @@ async def opened(runtime: Runtime, make_client: Any, **changes: Any) -> tuple[An
 
 
 async def say(rt: Runtime, chat: str, text: str, message_id: str) -> str:
-    sent: list[str] = []
-
-    async def send(reply: str) -> None:
-        sent.append(reply)
-
-    await service_for(rt).handle_leased(Incoming(
-        platform="telegram", chat=chat, thread=None, user_id="u1", user_name="user",
-        text=text, message_id=message_id), send)
-    [reply] = sent
+    """The one reply a Telegram chat gets to ``text``."""
+    [reply] = await say_in_chat(rt, chat, text, message_id)
     return reply
 
 
