@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from gateway.providers.config import ProviderConfig
 from gateway.providers.errors import ProviderError, RateLimited, Rejected, Unavailable
@@ -229,10 +230,11 @@ class OpenAIClient:
 
     @contextlib.contextmanager
     def _long_lines(self) -> Iterator[None]:
-        """aiohttp refuses a line past its buffer (ValueError): a malformed stream."""
+        """aiohttp refuses a line past its buffer (``LineTooLong``; older aiohttp raised
+        ``ValueError``): a malformed stream, so the next provider is tried."""
         try:
             yield
-        except ValueError:
+        except (ValueError, LineTooLong):
             raise Unavailable(self.name, "stream line too long") from None
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -168,3 +168,15 @@ async def test_an_answer_past_max_answer_bytes_fails_over_to_the_next_provider(
     assert "larger than 1000000 bytes" in str(failed.value)
     assert 0 < len("".join(received)) <= 1_000_000  # read up to the bound, not beyond
     assert len(second.calls_to("chat")) == 1  # the words were out: no fall-back for them
+
+
+async def test_a_stream_line_too_long_to_read_fails_over_to_the_next_provider(
+        fake_openai: FakeOpenAI, second: FakeOpenAI, make_providers: MakeProviders) -> None:
+    """A provider gone wrong streams its 3 MB answer as one line (no spaces to split at):
+    aiohttp refuses the line (``LineTooLong``) before a word is out, so the chain moves on
+    to the next provider instead of ending the chat's reply in an apology."""
+    fake_openai.reply = "x" * 3_000_000
+    chain = make_providers(("a", fake_openai), ("b", second)).chain(["a", "b"])
+    received = [delta async for delta in chain.stream_chat("m", HELLO)]
+    assert "".join(received) == "from b"
+    assert len(fake_openai.calls_to("chat")) == 1 and len(second.calls_to("chat")) == 1
