@@ -202,3 +202,26 @@ async def failures(pool: asyncpg.Pool, sub_id: str, owner: str | None, limit: in
 async def changed(cache: AnyRedis) -> None:
     """Wake the delivering processes: a subscription was made, changed or removed."""
     await publish_signal(cache, CHANGES_TOPIC, 0, "changed", 0)
+
+
+_SUMMARY = f"""
+SELECT s.id, s.topic, s.destination->>'type' AS type, s.state, s.last_error, {_LAG}
+FROM subscriptions s ORDER BY lag DESC, s.created_at LIMIT $1
+"""
+
+
+async def summary(pool: asyncpg.Pool, shown: int = 10) -> dict[str, Any]:
+    """For the dashboard: how many subscriptions by state, the rows they are behind in all,
+    and the ``shown`` furthest behind."""
+    counts = await pool.fetchrow(
+        "SELECT count(*) AS total, count(*) FILTER (WHERE state = 'active') AS active"
+        " FROM subscriptions")
+    assert counts is not None
+    behind = await pool.fetch(_SUMMARY, shown)
+    total_lag = await pool.fetchval(f"SELECT coalesce(sum(lag), 0) FROM (SELECT {_LAG}"
+                                    " FROM subscriptions s) l")
+    return {"total": counts["total"], "active": counts["active"],
+            "paused": counts["total"] - counts["active"], "lag": int(total_lag),
+            "behind": [{"id": r["id"], "topic": r["topic"], "type": r["type"],
+                        "state": r["state"], "lag": int(r["lag"]),
+                        "last_error": r["last_error"]} for r in behind]}

@@ -22,6 +22,7 @@ from gateway.api.state import PUBLIC, RUNTIME
 from gateway.inbound.http_intake import INBOUND
 from gateway.inbound.mattermost import health as mattermost_health
 from gateway.leases.maintenance import view_for
+from gateway.notifications import store as subscriptions
 from gateway.pipeline.status import queue_depths
 from gateway.providers.usage import start_of_day, usage_report
 from gateway.push import feed
@@ -77,6 +78,8 @@ async def summary(request: web.Request) -> web.Response:
     maintenance = await _part("maintenance", errors, view_for(runtime.durable).current())
     admission = await _part("admission", errors, request.app[INBOUND].admission.state())
     usage = await _part("usage", errors, usage_report(runtime.pg, "provider", start_of_day()))
+    notifications = await _part("notifications", errors,
+                                subscriptions.summary(runtime.pg_reads))
     stages = (queues or {}).get("stages")
     hub = request.app[HUB]
     return web.json_response({
@@ -91,6 +94,7 @@ async def summary(request: web.Request) -> web.Response:
         "maintenance": maintenance.to_json() if maintenance else None,
         "admission": admission,
         "usage": usage,  # model provider calls today, by provider
+        "notifications": notifications,  # subscriptions by state, lag, the furthest behind
         "errors": errors,
     })
 
@@ -103,7 +107,7 @@ async def index(request: web.Request) -> web.FileResponse:
 SECTION = nullable(obj(more=True))  # a section is null while its store is unavailable
 SUMMARY = Operation(
     "What the dashboard shows: queues, throughput, listener, feed, push, maintenance, "
-    "admission and today's provider usage",
+    "admission, today's provider usage and the notification subscriptions",
     {200: Answer("the summary", obj({
         "generated_at": string(format="date-time"),
         "stages": nullable(mapping(obj(more=True), "queue depths by stage")),
@@ -111,6 +115,7 @@ SUMMARY = Operation(
         "throughput": SECTION, "listener": SECTION, "feed": SECTION,
         "push": obj(more=True), "maintenance": SECTION, "admission": SECTION,
         "usage": nullable(array(obj(more=True))),
+        "notifications": SECTION,
         "errors": mapping(string(), "sections left empty, and why")}, more=True))},
     tag="dashboard")
 PAGE = Operation(
