@@ -7,6 +7,14 @@
   query-embedding time (what a search adds before the SQL). Vectors are 256-dimensional,
   clustered like text embeddings, written with COPY (binary) so that data generation takes
   seconds.
+- **modes**: at each size, with 100 words of a made-up Zipf vocabulary per chunk (its
+  tsvector, the GIN index) and the chunks spread over 10 owners, p50/p99 of
+  ``ranking.ranked`` in each mode (vector, text, hybrid: both lists fused by reciprocal
+  rank), the query's vector given (the SQL and the fusion are timed, not the model), reading
+  every chunk (the admin) and reading one owner's tenth (the owner filter inside the SQL).
+- **recall@5** on a generated question set (``--questions`` documents about made-up people,
+  companies, places and codes; three questions each, in other words, naming one of them),
+  through the local model and the default stage handlers, per mode.
 - **embed stage**: documents of this repository's own prose (~700-character chunks) through
   the real embed-stage worker (lease, handler, vectors written, journal, feed row, COMPLETE),
   in chunks per second, against the local model called directly on the same chunks (the
@@ -14,7 +22,8 @@
 
     python bench/search.py [--sizes 10000,100000] [--queries 200] [--scan-queries 20]
                            [--documents 4000] [--per-doc 4] [--concurrency 8] [--batch 64]
-                           [--rounds 3]   (--sizes "": the embed stage only)
+                           [--rounds 3] [--questions 300]   (--sizes "": the embed stage
+                           only; --questions 0: no recall run)
 """
 
 from __future__ import annotations
@@ -34,14 +43,16 @@ import numpy as np
 from stores import embedded_runtime, run_in_tempdir
 
 from gateway.app.worker import run_workers
-from gateway.knowledge import embedding, vectors
-from gateway.knowledge.owners import EVERYTHING
+from gateway.knowledge import embedding, ranking, text, vectors
+from gateway.knowledge.owners import EVERYTHING, Readable
 from gateway.knowledge.stages import split_text
 from gateway.pipeline import queue
 from gateway.pipeline.stages import stats_key
 from gateway.pipeline.worker import WorkerConfig
 from gateway.stores.migrate import migrate_url
 from gateway.stores.runtime import Runtime, open_runtime
+from tests.knowledge import questions
+from tests.knowledge.indexing import index_many
 
 ROOT = Path(__file__).resolve().parent.parent
 DIMS = 256
@@ -63,28 +74,91 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def load(rt: Runtime, rows: np.ndarray) -> float:
-    """Replace every chunk by ``rows`` (COPY); seconds taken."""
+OWNERS = 10  # chunks spread over this many owners; a tenant reads one of them
+
+
+class Words:
+    """A made-up vocabulary with Zipf frequencies, like a language's: a few words in most
+    chunks, most words in few."""
+
+    def __init__(self, size: int = 20_000, seed: int = 5) -> None:
+        rng = np.random.default_rng(seed)
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+        self.words = ["".join(rng.choice(letters, rng.integers(3, 10))) for _ in range(size)]
+        weights = 1.0 / np.arange(1, size + 1)
+        self.p = weights / weights.sum()
+        self.rng = rng
+
+    def texts(self, rows: int, count: int) -> list[str]:
+        """``rows`` texts of ``count`` words each (drawn at once: one call per text is slow
+        at 100k)."""
+        drawn = self.rng.choice(len(self.words), size=(rows, count), p=self.p)
+        return [" ".join(self.words[i] for i in row) for row in drawn]
+
+
+async def load(rt: Runtime, rows: np.ndarray, words: Words | None = None) -> float:
+    """Replace every chunk by ``rows`` (COPY), with ``words``' text (100 words a chunk, its
+    tsvector, ``OWNERS`` owners round robin) when given; seconds taken."""
     pgvector = (await vectors.layout(rt)).pgvector
     started = time.perf_counter()
     await rt.pg.execute("TRUNCATE pipeline_chunks")
     await rt.pg.execute(f"DROP INDEX IF EXISTS {vectors.index_name(MODEL)}")
     vectors.forget()
-    records = ((f"c{i}", 0, "", row if pgvector else row.tolist(), MODEL, "ops")
-               for i, row in enumerate(rows))
+    bodies = words.texts(len(rows), 100) if words else [""] * len(rows)
+    records = ((f"c{i}", 0, body, row if pgvector else row.tolist(), MODEL, f"k.{i % OWNERS}")
+               for i, (row, body) in enumerate(zip(rows, bodies, strict=True)))
     await rt.pg.copy_records_to_table(
         "pipeline_chunks",
         columns=["item_id", "seq", "body", "embedding", "embedder", "owner"],
-        records=records)
-    await rt.pg.execute("ANALYZE pipeline_chunks")
+        records=records, timeout=600)
+    if words:
+        await rt.pg.execute("UPDATE pipeline_chunks SET tsv = to_tsvector('simple', body)",
+                            timeout=600)
+    await rt.pg.execute("VACUUM ANALYZE pipeline_chunks", timeout=600)
+    text.forget_common()
     return time.perf_counter() - started
+
+
+async def time_modes(rt: Runtime, queries: np.ndarray, words: Words,
+                     readable: Readable) -> dict[str, list[float]]:
+    """Latency of each mode (``ranking.ranked`` with the query's vector given, so the SQL
+    and the fusion are timed, not the model) on 4-word queries, interleaved."""
+    latencies: dict[str, list[float]] = {mode: [] for mode in ranking.MODES}
+    for query, said in zip(queries, words.texts(len(queries), 4), strict=True):
+        for mode in ranking.MODES:
+            started = time.perf_counter()
+            await ranking.ranked(rt, said, K, readable, mode, embedded=(query, MODEL))
+            latencies[mode].append(time.perf_counter() - started)
+    return latencies
+
+
+async def recall(rt: Runtime, count: int) -> dict[str, float]:
+    """recall@5 per mode on the generated question set (``tests/knowledge/questions.py``:
+    documents about made-up names, three questions each in other words), the documents
+    written by the default stage handlers with the local model."""
+    await rt.pg.execute("TRUNCATE pipeline_chunks, pipeline_documents")
+    docs = questions.documents(count)
+    for start in range(0, count, 100):
+        await index_many(rt, [(d.item_id, {"text": d.text, "title": d.title})
+                              for d in docs[start:start + 100]])
+    await rt.pg.execute("ANALYZE pipeline_chunks")
+    text.forget_common()
+    asked = questions.questions(docs)
+    found = {}
+    for mode in ranking.MODES:
+        hits = 0
+        for question in asked:
+            best = await ranking.ranked(rt, question.text, 5, EVERYTHING, mode)
+            hits += question.item_id in [h.item_id for h in best]
+        found[mode] = hits / len(asked)
+    return found
 
 
 async def time_queries(rt: Runtime, queries: np.ndarray) -> tuple[list[float], list[list[str]]]:
     latencies, found = [], []
     for query in queries:
         started = time.perf_counter()
-        rows = await vectors.nearest(rt, query, MODEL, K, EVERYTHING)
+        rows = await vectors.nearest(rt, query, MODEL, K, EVERYTHING, timeout=300)
         latencies.append(time.perf_counter() - started)
         found.append([r["item_id"] for r in rows])
     return latencies, found
@@ -95,7 +169,8 @@ async def search_at(hnsw: Runtime, scan: Runtime, size: int, n_queries: int,
     corpus = clustered(size, seed=size)
     noise = np.random.default_rng(1).normal(size=(n_queries, DIMS)).astype(np.float32)
     queries = embedding.normalise(corpus[:n_queries] + 0.5 * noise / np.sqrt(DIMS))
-    load_s = await load(hnsw, corpus)
+    words = Words()
+    load_s = await load(hnsw, corpus, words)
     await load(scan, corpus)
     started = time.perf_counter()
     await vectors.ensure_index(hnsw, MODEL, DIMS)
@@ -106,8 +181,11 @@ async def search_at(hnsw: Runtime, scan: Runtime, size: int, n_queries: int,
     scan_lat, scan_found = await time_queries(scan, queries[:n_scan])
     recall = statistics.mean(len(set(a) & set(b)) / K
                              for a, b in zip(hnsw_found, scan_found, strict=False))
+    await time_modes(hnsw, queries[:20], words, EVERYTHING)  # warm
+    modes = {"everything": await time_modes(hnsw, queries, words, EVERYTHING),
+             "one owner": await time_modes(hnsw, queries, words, Readable.of("k.3", ()))}
     return {"size": size, "load_s": load_s, "build_s": build_s, "recall": recall,
-            "hnsw": hnsw_lat, "scan": scan_lat}
+            "hnsw": hnsw_lat, "scan": scan_lat, "modes": modes}
 
 
 def prose() -> list[str]:
@@ -165,9 +243,9 @@ async def query_embedding(count: int) -> list[float]:
     model = embedding.local()
     texts = [c[:80] for c in prose()][:count]
     latencies = []
-    for text in texts:
+    for said in texts:
         started = time.perf_counter()
-        await model.embed([text])
+        await model.embed([said])
         latencies.append(time.perf_counter() - started)
     return latencies
 
@@ -208,6 +286,20 @@ async def measure(hnsw: Runtime, scan: Runtime, args: argparse.Namespace) -> Non
               f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
               f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
               f"   load {os.getloadavg()[0]:.2f}")
+        for reader, modes in r["modes"].items():
+            line = ", ".join(f"{mode} p50 {percentile(lat, 0.5) * 1e3:.2f} / p99 "
+                             f"{percentile(lat, 0.99) * 1e3:.2f} ms"
+                             for mode, lat in modes.items())
+            hybrid_vector = percentile(modes["hybrid"], 0.99) / percentile(modes["vector"],
+                                                                           0.99)
+            print(f"  modes, reading {reader} (1/{OWNERS} of the chunks for one owner): "
+                  f"{line}; hybrid/vector p99 x{hybrid_vector:.2f}")
+    if args.questions:
+        found = await recall(hnsw, args.questions)
+        print(f"recall@5 on {3 * args.questions} generated questions ({args.questions} "
+              "documents about made-up names): " + ", ".join(
+                  f"{mode} {value:.3f}" for mode, value in found.items())
+              + f"; hybrid/vector x{found['hybrid'] / found['vector']:.2f}")
     q = await query_embedding(200)
     print(f"query embedding (local model, its thread): p50 "
           f"{percentile(q, 0.5) * 1e3:.2f} ms  p99 {percentile(q, 0.99) * 1e3:.2f} ms")
@@ -241,6 +333,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="embed loops")
     parser.add_argument("--rounds", type=int, default=3, help="embed: runs of each")
     parser.add_argument("--batch", type=int, default=64, help="embed: items per transaction")
+    parser.add_argument("--questions", type=int, default=300,
+                        help="documents of the recall@5 question set (0: none)")
     run_in_tempdir(run, parser.parse_args())
     return 0
 

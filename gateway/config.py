@@ -374,10 +374,13 @@ def field_types(cls: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
 T = TypeVar("T")
 
 
-def tunables(cls: Callable[..., T], settings: Settings, table: str) -> T:
+def tunables(cls: Callable[..., T], settings: Settings, table: str,
+             other: tuple[str, ...] = ()) -> T:
     """A settings dataclass from the TOML table ``[table]`` whose keys are exactly its
-    fields, all positive numbers (absent ones keep their defaults)."""
-    return cls(**positive_numbers(settings.section(table), field_types(cls), f"[{table}]"))
+    fields, all positive numbers (absent ones keep their defaults), besides the keys in
+    ``other``, left to their own reader."""
+    return cls(**positive_numbers(settings.section(table), field_types(cls), f"[{table}]",
+                                  other))
 
 
 def positive_numbers(section: Mapping[str, Any], types: Mapping[str, Any],

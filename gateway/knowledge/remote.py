@@ -52,13 +52,15 @@ class ProviderEmbedder:
         self.batch = int(_positive(runtime.settings.section("pipeline"), "embed_batch", BATCH))
 
     async def embed(self, texts: Sequence[str], *, job: str | None = None,
-                    account: str | None = None, **usage: Any) -> np.ndarray:
+                    account: str | None = None, chat: str | None = None,
+                    **usage: Any) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         rows: list[list[float]] = []
         for start in range(0, len(texts), self.batch):
             answer = await self.chain.embeddings(self.model, texts[start:start + self.batch],
-                                                 charge=Charge(job=job, account=account))
+                                                 charge=Charge(chat=chat, job=job,
+                                                               account=account))
             rows += answer.vectors
         return normalise(np.array(rows, dtype=np.float32).reshape(len(rows), -1))
 

@@ -1,7 +1,7 @@
 """Search over embedded chunks, with answers cached in redis-cache.
 
 Cache key: ``cache:<endpoint_hash>:<params_hash>`` where the params hash covers the query,
-the limit, the configured embedder, the reader's scope (``Readable.key``: which owners'
+the limit, the mode, the configured embedder, the reader's scope (``Readable.key``: which owners'
 documents it may read) and the current *generation*. Writes that add chunks
 replace the generation (one SET: O(1) invalidation, no SCAN+DEL), which makes every older
 answer unreachable. The
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import keys
-from gateway.knowledge import embedders, embedding, vectors
+from gateway.knowledge import embedding, ranking
 from gateway.knowledge.owners import Readable
 from gateway.pipeline import metrics
 from gateway.stores.redis import AnyRedis
@@ -38,10 +38,10 @@ def generation_key() -> str:
 
 
 def answer_key(generation: str, query: str, limit: int, embedder: str,
-               readable: Readable) -> str:
+               readable: Readable, mode: str = ranking.DEFAULT_MODE) -> str:
     """The answer's key: the reader's scope is part of it, so an answer is only ever served
     to a reader who may read every document in it."""
-    params = json.dumps([generation, query, limit, embedder, readable.key()],
+    params = json.dumps([generation, query, limit, embedder, readable.key(), mode],
                         separators=(",", ":"))
     return keys.cache(_ENDPOINT_HASH, hashlib.sha256(params.encode()).hexdigest()[:32])
 
@@ -72,42 +72,25 @@ async def _generation(cache: AnyRedis) -> str:
     return str(value) if value else secrets.token_hex(8)
 
 
-def result(row: Any) -> dict[str, Any]:
-    """One answer's entry: the chunk, its score, and what its document says of itself
-    (whose it is; title and url when the document has them)."""
-    found = {"item_id": row["item_id"], "text": row["body"], "score": round(row["score"], 6),
-             "owner": row["owner"]}
-    for name in ("title", "url"):
-        if row[name]:
-            found[name] = row[name]
-    return found
-
-
 async def rank(runtime: Any, query: str, limit: int, readable: Readable,
-               timeout: float | None = None) -> list[dict[str, Any]]:
-    """Chunks ``readable`` allows by cosine similarity to the query, embedded by the
-    configured embedder and compared only with that model's vectors; ``timeout`` cancels
-    the statement on the server (asyncpg) past that many seconds."""
-    if readable.nothing:
-        return []
-    embedder = embedders.for_runtime(runtime)
-    vector = (await embedder.embed([query], purpose="search"))[0]
-    if not vector.any():
-        return []
-    model = embedding.model_id(embedder.name, len(vector))
-    rows = await vectors.nearest(runtime, vector, model, limit, readable, timeout)
-    return [result(r) for r in rows if r["score"] and r["score"] > 0]
+               timeout: float | None = None,
+               mode: str = ranking.DEFAULT_MODE) -> list[dict[str, Any]]:
+    """The answer's entries for ``query`` in ``mode`` among the chunks ``readable`` allows
+    (``ranking.ranked``); ``timeout`` cancels each statement on the server (asyncpg) past
+    that many seconds."""
+    return [hit.public() for hit in await ranking.ranked(runtime, query, limit, readable,
+                                                         mode, timeout)]
 
 
-async def lookup(runtime: Any, q: str, limit: int,
-                 readable: Readable) -> tuple[str | None, Any]:
-    """The answer cache's key for ``q`` read by ``readable`` and its cached answer (None: a
-    miss). A cache that is down or full only costs the cached answer, never the search:
-    then the key is None too."""
+async def lookup(runtime: Any, q: str, limit: int, readable: Readable,
+                 mode: str = ranking.DEFAULT_MODE) -> tuple[str | None, Any]:
+    """The answer cache's key for ``q`` read by ``readable`` in ``mode`` and its cached
+    answer (None: a miss). A cache that is down or full only costs the cached answer, never
+    the search: then the key is None too."""
     cache = runtime.cache
     try:
         key = answer_key(await _generation(cache), q, limit,
-                         embedding.configured(runtime.settings), readable)
+                         embedding.configured(runtime.settings), readable, mode)
         cached = await cache.get(key)
     except Exception:
         return None, None
@@ -125,12 +108,13 @@ async def remember(runtime: Any, key: str | None, results: list[dict[str, Any]])
 
 
 async def search(runtime: Any, q: str, readable: Readable, limit: int = 10,
-                 timeout: float | None = None) -> list[dict[str, Any]]:
+                 timeout: float | None = None,
+                 mode: str = ranking.DEFAULT_MODE) -> list[dict[str, Any]]:
     """Ranked results for ``q`` among the documents ``readable`` allows, from the answer
     cache when it has them."""
-    key, cached = await lookup(runtime, q, limit, readable)
+    key, cached = await lookup(runtime, q, limit, readable, mode)
     if cached is not None:
         return list(cached)
-    results = await rank(runtime, q, limit, readable, timeout)
+    results = await rank(runtime, q, limit, readable, timeout, mode)
     await remember(runtime, key, results)
     return results

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway import keys
-from gateway.knowledge import embedders, embedding, remote, search, vectors
+from gateway.knowledge import embedders, embedding, remote, search, text, vectors
+from gateway.knowledge.text import TextSettings
 from gateway.pipeline.handlers import Deferred, Handler, PermanentError, StageContext
 from gateway.providers import OverBudget
 
@@ -130,10 +131,13 @@ async def chunk(ctx: StageContext) -> None:
     await chunk_many([ctx])
 
 
-_CHUNKS_INSERT = """
-INSERT INTO pipeline_chunks (item_id, seq, body, owner)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
-"""
+def _chunks_insert(language: TextSettings) -> str:
+    """The chunks' insert, each with its tsvector in the configured language (full-text
+    search, ``gateway.knowledge.text``)."""
+    return ("INSERT INTO pipeline_chunks (item_id, seq, body, owner, tsv)"
+            f" SELECT t.*, {text.tsvector_sql(language, 't.body')}"
+            " FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])"
+            " AS t(item_id, seq, body, owner)")
 
 
 async def chunk_many(contexts: list[StageContext]) -> None:
@@ -148,7 +152,8 @@ async def chunk_many(contexts: list[StageContext]) -> None:
     await conn.execute("DELETE FROM pipeline_chunks WHERE item_id = ANY($1::text[])",
                        [ctx.item_id for ctx in contexts])
     if rows:
-        await conn.execute(_CHUNKS_INSERT, *_columns(rows))
+        await conn.execute(_chunks_insert(text.text_settings(contexts[0].runtime.settings)),
+                           *_columns(rows))
 
 
 _CHUNKS = """

@@ -201,7 +201,7 @@ WHERE c.item_id = v.item_id AND c.seq = v.seq
 
 def nearest_sql(pgvector: bool, model: str, dimensions: int,
                 readable: Readable = EVERYTHING, exact: bool = False) -> tuple[str, list[Any]]:
-    """``(sql, parameters after $1 and $2)``: rows ``(item_id, body, owner, title, url,
+    """``(sql, parameters after $1 and $2)``: rows ``(item_id, seq, body, owner, title, url,
     score)`` by cosine similarity to ``$1``, best first, ``$2`` of them; only the model's own
     vectors, only chunks ``readable`` allows (the condition is inside the ranked statement,
     so the ``$2`` rows are all readable ones). ``exact`` keeps the planner off the HNSW index
@@ -222,7 +222,7 @@ def nearest_sql(pgvector: bool, model: str, dimensions: int,
     sql = (f"WITH found AS MATERIALIZED (SELECT item_id, seq, body, owner, {distance} AS d"
            f" FROM pipeline_chunks WHERE embedder = '{model}' AND {where}"
            f" ORDER BY {order} LIMIT $2)"
-           " SELECT f.item_id, f.body, f.owner, doc.title, doc.url, 1 - f.d AS score"
+           " SELECT f.item_id, f.seq, f.body, f.owner, doc.title, doc.url, 1 - f.d AS score"
            " FROM found f LEFT JOIN pipeline_documents doc ON doc.item_id = f.item_id"
            " ORDER BY f.d, f.item_id, f.seq")
     return sql, params

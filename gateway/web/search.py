@@ -24,8 +24,10 @@ from gateway.api.errors import ApiError
 from gateway.api.spec import Answer, Operation, Param, array, integer, number, obj, string
 from gateway.api.state import RUNTIME, Principal, principal_of
 from gateway.config import tunables
+from gateway.knowledge import ranking
 from gateway.knowledge import search as pipeline_search
 from gateway.knowledge.owners import EVERYTHING, Readable
+from gateway.knowledge.text import text_settings
 from gateway.providers import OverBudget, ProviderError
 from gateway.stores.runtime import Runtime
 from gateway.web.shares import Shares
@@ -43,14 +45,17 @@ async def search(request: web.Request) -> web.Response:
         raise ApiError(400, "bad_request", "limit must be an integer") from None
     if not 1 <= limit <= pipeline_search.MAX_LIMIT:
         raise ApiError(400, "bad_request", f"limit must be 1-{pipeline_search.MAX_LIMIT}")
+    mode = request.query.get("mode", ranking.DEFAULT_MODE)
+    if mode not in ranking.MODES:
+        raise ApiError(400, "bad_request", f"mode must be one of {', '.join(ranking.MODES)}")
     runtime = request.app[RUNTIME]
     principal = principal_of(request)
     readable = reader_scope(principal)
-    key, cached = await pipeline_search.lookup(runtime, query, limit, readable)
+    key, cached = await pipeline_search.lookup(runtime, query, limit, readable, mode)
     if cached is not None:
         return web.json_response({"query": query, "results": cached})
-    results = await _rank(request.app[SEARCH_BUDGET], runtime, query, limit, principal.owner,
-                          readable)
+    results = await _rank(request.app[SEARCH_BUDGET], runtime, Query(query, limit, mode),
+                          principal.owner, readable)
     await pipeline_search.remember(runtime, key, results)
     return web.json_response({"query": query, "results": results})
 
@@ -63,22 +68,29 @@ def reader_scope(principal: Principal) -> Readable:
     return Readable.of(principal.owner, principal.topics)
 
 
-async def _rank(budget: SearchBudget, runtime: Runtime, query: str, limit: int,
+@dataclass(frozen=True)
+class Query:
+    text: str
+    limit: int
+    mode: str
+
+
+async def _rank(budget: SearchBudget, runtime: Runtime, query: Query,
                 owner: str, readable: Readable) -> list[dict[str, Any]]:
     if budget.slots.locked():
         raise ApiError(503, "busy", "too many searches at once; retry shortly",
                        {"Retry-After": str(RETRY_SECONDS)})
     with budget.shares.hold(owner, "searches"):
-        return await _ranked(budget, runtime, query, limit, readable)
+        return await _ranked(budget, runtime, query, readable)
 
 
-async def _ranked(budget: SearchBudget, runtime: Runtime, query: str,
-                  limit: int, readable: Readable) -> list[dict[str, Any]]:
+async def _ranked(budget: SearchBudget, runtime: Runtime, query: Query,
+                  readable: Readable) -> list[dict[str, Any]]:
     async with budget.slots:
         try:
             async with asyncio.timeout(budget.timeout):
-                return await pipeline_search.rank(runtime, query, limit, readable,
-                                                  budget.timeout)
+                return await pipeline_search.rank(runtime, query.text, query.limit,
+                                                  readable, budget.timeout, query.mode)
         except TimeoutError:
             raise ApiError(503, "timeout", f"the search took longer than {budget.timeout:g} s;"
                            " narrow it or retry", {"Retry-After": str(RETRY_SECONDS)}) from None
@@ -105,7 +117,9 @@ class SearchLimits:
 
 class SearchBudget:
     def __init__(self, runtime: Runtime) -> None:
-        limits = tunables(SearchLimits, runtime.settings, "search")
+        text_settings(runtime.settings)  # [search] language and stopwords: checked at start
+        limits = tunables(SearchLimits, runtime.settings, "search",
+                          other=("language", "stopwords"))
         self.slots = asyncio.Semaphore(limits.max_concurrent)
         self.shares = Shares(limits.per_credential, RETRY_SECONDS)
         self.timeout = limits.timeout_seconds
@@ -118,18 +132,22 @@ SEARCH = Operation(
     "Chunks of the documents the credential may read nearest to a query, best first",
     {200: Answer("the results", obj({"query": string(), "results": array(obj(
         {"item_id": string(), "text": string("the chunk"), "score": number(
-            "cosine similarity"), "owner": string("the namespace the document belongs to")},
+            "hybrid: the reciprocal-rank fusion of both lists; vector: cosine similarity; "
+            "text: ts_rank_cd"), "owner": string("the namespace the document belongs to")},
         {"title": string("the document's title, when it has one"),
          "url": string("the document's url, when it has one")}))}))},
-    errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, or "
-                 f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}",
+    errors={400: f"q is missing or longer than {pipeline_search.MAX_QUERY} characters, "
+                 f"limit is not a whole number 1-{pipeline_search.MAX_LIMIT}, or mode is "
+                 "not one of vector, text, hybrid",
             429: "this credential already runs its share of the search slots",
             503: "too many searches at once (busy), the search took too long (timeout), or "
                  "the query could not be embedded (over_budget, embedder_unavailable)"},
     params=(Param("q", string(minLength=1, maxLength=pipeline_search.MAX_QUERY, examples=["hello"]),
                   "the query", required=True),
             Param("limit", integer(minimum=1, maximum=pipeline_search.MAX_LIMIT, default=10),
-                  "how many results at most")),
+                  "how many results at most"),
+            Param("mode", string(enum=list(ranking.MODES), default=ranking.DEFAULT_MODE),
+                  "vector neighbours, full-text matches, or both fused by reciprocal rank")),
     tag="search")
 
 

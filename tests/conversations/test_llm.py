@@ -46,7 +46,9 @@ def sections(*providers: tuple[str, FakeOpenAI | str], budgets: dict[str, int] |
             "conversations": {"handler": "llm", "providers": [n for n, _ in providers],
                               "model": "fake-model", "system_prompt": SYSTEM,
                               "edit_interval": 0.05, "typing_interval": 0.2, **conversations},
-            "ratelimit": limits(PER_SECOND), "inbox": INBOX_FAST}
+            "ratelimit": limits(PER_SECOND), "inbox": INBOX_FAST,
+            # The conversation alone, as before answers from the documents (test_answers).
+            "answers": {"retrieve": False}}
 
 
 @pytest.mark.parametrize("chat", ["telegram", "slack", "mattermost"], indirect=True)

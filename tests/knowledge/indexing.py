@@ -21,6 +21,19 @@ async def index(runtime: Any, item_id: str, text: str) -> None:
             await callback()
 
 
+async def index_many(runtime: Any, documents: list[tuple[str, dict[str, Any]]]) -> None:
+    """Store, chunk and embed ``(item_id, document)`` pairs as one batch per stage (the
+    handlers' ``many``, one transaction each), as a worker's batch would."""
+    for handler, many in ((store, store.many), (chunk, chunk.many),  # type: ignore[attr-defined]
+                          (embed, embed.many)):  # type: ignore[attr-defined]
+        async with runtime.pg.acquire() as conn, conn.transaction():
+            contexts = [StageContext(item_id, handler.__name__, "normal", "other", doc, conn,
+                                     runtime) for item_id, doc in documents]
+            await many(contexts)
+        for callback in dict.fromkeys(c for ctx in contexts for c in ctx.after_commit):
+            await callback()
+
+
 async def leased_at_embed(runtime: Any, items: tuple[str, ...]) -> list[queue.LeasedItem]:
     """``items`` with two chunks each, enqueued at embed and leased by one FETCH."""
     await runtime.pg.copy_records_to_table(

@@ -67,8 +67,8 @@ async def _submit(client: TestClient[Any, Any], headers: dict[str, str], job_id:
 
 
 async def _search(client: TestClient[Any, Any], headers: dict[str, str], q: str,
-                  limit: int = 10) -> list[dict[str, Any]]:
-    async with client.get("/v1/search", params={"q": q, "limit": str(limit)},
+                  limit: int = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
+    async with client.get("/v1/search", params={"q": q, "limit": str(limit), "mode": mode},
                           headers=headers) as found:
         assert found.status == 200, await found.text()
         return list((await found.json())["results"])
@@ -98,8 +98,9 @@ async def test_tenant_b_cannot_find_tenant_as_payroll_through_search(app) -> Non
     owner_a = keys.owner_namespace("tenant-a")
     assert payroll == f"{owner_a}/payroll-03"
     for q in ("payroll salary IBAN", IBAN, "invoice paid by Acme"):
-        seen = await _search(client, tenant("tenant-b"), q)
-        assert seen == [], (q, seen)  # neither A's job nor the webhook's body
+        for mode in ("hybrid", "vector", "text"):
+            seen = await _search(client, tenant("tenant-b"), q, mode=mode)
+            assert seen == [], (q, mode, seen)  # neither A's job nor the webhook's body
     mine = await _search(client, tenant("tenant-a"), "payroll salary IBAN")
     assert [r["item_id"] for r in mine] == [payroll]  # not the webhook's either
     assert mine[0]["owner"] == owner_a and IBAN in mine[0]["text"]

@@ -117,7 +117,7 @@ async def test_more_dimensions_than_hnsw_takes_are_searched_without_an_index(
             await index(rt, "b", "second document")
             assert await rt.pg.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = $1",
                                         vectors.index_name("wide:big@2048")) == 0
-            found = await search.search(rt, "second document", EVERYTHING)
+            found = await search.search(rt, "second document", EVERYTHING, mode="vector")
             assert found[0]["item_id"] == "b" and found[0]["score"] > 0.999
         finally:
             await rt.close()

@@ -51,7 +51,8 @@ async def test_search_ranks_the_closest_meaning_first(any_runtime) -> None:
         await index(any_runtime, item_id, text)
     for query, (target, distractor) in QUERIES.items():
         assert _overlap_best(query) == distractor  # word overlap would pick the other
-        results = await search.search(any_runtime, query, EVERYTHING, limit=3)
+        results = await search.search(any_runtime, query, EVERYTHING, limit=3,
+                                      mode="vector")
         assert results[0]["item_id"] == target, (query, results)
     model = await any_runtime.pg.fetchval("SELECT DISTINCT embedder FROM pipeline_chunks")
     assert model == LOCAL_MODEL
@@ -125,7 +126,8 @@ async def test_another_embedders_vectors_are_not_mixed_until_reembedded(runtime,
                                  "embedder = 'hashing@256' WHERE item_id = 'weather'",
                                  vector.tolist())
         await search.invalidate(runtime.cache)
-        found = [r["item_id"] for r in await search.search(runtime, query, EVERYTHING)]
+        found = [r["item_id"] for r in await search.search(runtime, query, EVERYTHING,
+                                                                     mode="vector")]
         assert found == ["physicians"]
         lines = [c for c in await doctor.check_postgres(runtime.settings.database_url)
                  if c.status == "warn" and "2 embedders" in c.message]

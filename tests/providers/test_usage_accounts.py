@@ -27,7 +27,8 @@ async def llm_runtime(runtime: Runtime, fake_openai: FakeOpenAI,
     monkeypatch.setenv("FAKE_OPENAI_KEY", OPENAI_KEY)
     rt = await open_runtime(dataclasses.replace(runtime.settings, sections={
         "providers": provider_tables(("a", fake_openai)),
-        "conversations": {"handler": "llm", "providers": ["a"], "model": "m"}}))
+        "conversations": {"handler": "llm", "providers": ["a"], "model": "m"},
+        "answers": {"retrieve": False}}))
     try:
         yield rt
     finally:
