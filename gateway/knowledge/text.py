@@ -1,5 +1,5 @@
 """Full-text search over chunks: the words of the query matched against each chunk's
-``tsvector`` (migration 0019, a GIN index), ranked by ``ts_rank_cd``.
+``tsvector`` (migration 0020, a GIN index), ranked by ``ts_rank_cd``.
 
 ``[search] language`` (default ``simple``) is the text search configuration the chunk stage
 writes ``tsv`` in and the query is read in; ``simple`` lower-cases and keeps every word
