@@ -16,12 +16,8 @@ import pytest
 from gateway import keys
 from gateway.config import ConfigError, Settings
 from gateway.conversations import answers
-from gateway.conversations.handlers import Context
-from gateway.conversations.llm import LlmHandler
-from gateway.conversations.model import Incoming
-from gateway.conversations.store import Message
-from gateway.ratelimit import Limiter, Providers
 from gateway.stores.runtime import Runtime, open_runtime
+from tests.conversations.direct import llm_reply
 from tests.conversations.platforms import INBOX_FAST, Chat, limits
 from tests.fakes.openai import FakeOpenAI, provider_tables
 from tests.fakes.pytest_plugin import OPENAI_KEY
@@ -84,16 +80,7 @@ async def _link(runtime: Runtime, sub: str, chat: str = "777") -> None:
 
 
 async def _ask(rt: Runtime, text: str, chat: str = "777") -> str:
-    """The handler's whole reply to ``text`` in Telegram chat ``chat``."""
-    incoming = Incoming("telegram", chat, None, "u1", "Ann", text, f"m-{chat}")
-
-    async def history(limit: int) -> list[Message]:
-        return [Message(1, 1, "user", text, "u1", "Ann")]
-
-    ctx = Context(rt, incoming, 1, 1, None, True, Providers(Limiter(rt.durable), {}), history)
-    reply = await LlmHandler(rt.settings)(ctx)
-    assert reply is not None and not isinstance(reply, str)
-    return "".join([delta async for delta in reply])
+    return await llm_reply(rt, chat, text)
 
 
 def _system(fake: FakeOpenAI) -> str:

@@ -10,12 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway import keys
-from gateway.conversations.handlers import Context
-from gateway.conversations.llm import LlmHandler
 from gateway.conversations.model import Incoming, chat_key
-from gateway.conversations.store import Message
-from gateway.ratelimit import Limiter, Providers
 from gateway.stores.runtime import Runtime, open_runtime
+from tests.conversations.direct import llm_reply
 from tests.fakes.openai import FakeOpenAI, provider_tables
 from tests.fakes.pytest_plugin import OPENAI_KEY
 
@@ -36,15 +33,7 @@ async def llm_runtime(runtime: Runtime, fake_openai: FakeOpenAI,
 
 
 async def _reply(rt: Runtime, chat: str, text: str) -> str:
-    incoming = Incoming("telegram", chat, None, "u1", "Ann", text, f"m-{chat}")
-
-    async def history(limit: int) -> list[Message]:
-        return [Message(1, 1, "user", text, "u1", "Ann")]
-
-    ctx = Context(rt, incoming, 1, 1, None, True, Providers(Limiter(rt.durable), {}), history)
-    reply = await LlmHandler(rt.settings)(ctx)
-    assert reply is not None and not isinstance(reply, str)
-    return "".join([delta async for delta in reply])
+    return await llm_reply(rt, chat, text)
 
 
 async def test_a_linked_chats_reply_is_charged_to_its_account_without_a_budget(
