@@ -128,6 +128,14 @@ def build_later(runtime: Any, model: str, dimensions: int) -> None:
 _BUILDS = "index_builds"
 
 
+async def builds_done(runtime: Any) -> None:
+    """Wait for the runtime's background index builds started so far (a test or a bench
+    that then reads plans, or runs ANALYZE, which would wait on a build in turn)."""
+    builds = runtime.shared.get(_BUILDS)
+    if builds is not None:
+        await asyncio.gather(*builds.tasks.values(), return_exceptions=True)
+
+
 class IndexBuilds:
     """One process's background index builds, one per model; a failed one is started
     again by the model's next write."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.knowledge import vectors
 from gateway.knowledge.stages import chunk, embed, store
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import StageContext
@@ -32,6 +33,7 @@ async def index_many(runtime: Any, documents: list[tuple[str, dict[str, Any]]]) 
             await many(contexts)
         for callback in dict.fromkeys(c for ctx in contexts for c in ctx.after_commit):
             await callback()
+    await vectors.builds_done(runtime)  # the model's index, built in the background
 
 
 async def leased_at_embed(runtime: Any, items: tuple[str, ...]) -> list[queue.LeasedItem]:
