@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,5 +127,8 @@ async def ranked(runtime: Any, query: str, limit: int, readable: Readable,
     if mode == "vector":
         return await _nearest(runtime, embedded, limit, readable, timeout)
     depth = max(limit, CANDIDATES)
-    return fuse([await _nearest(runtime, embedded, depth, readable, timeout),
-                 await _matching(runtime, query, depth, readable, timeout)], limit)
+    # Side by side, each on a connection of its own: the search takes the longer of the
+    # two statements, not their sum.
+    lists = await asyncio.gather(_nearest(runtime, embedded, depth, readable, timeout),
+                                 _matching(runtime, query, depth, readable, timeout))
+    return fuse(list(lists), limit)
