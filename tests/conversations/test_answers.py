@@ -104,6 +104,10 @@ async def test_a_linked_chats_prompt_holds_its_accounts_document_never_anothers(
     reply = await _ask(rt, "Which contract is HX-5520, paid to IBAN DE89?")
     assert "Hexmoor" not in _system(fake_openai) and "DE89 3704" not in _system(fake_openai)
     assert "HX-5520" not in reply.split("\n\n", 1)[-1]
+    # A question none of its documents answer (no word of it in them, far in meaning).
+    fake_openai.reply = "Lima."
+    assert await _ask(rt, "What is the capital of Peru?") == f"Lima.\n\n{answers.NO_MATCH}"
+    assert _system(fake_openai) == SYSTEM
 
 
 async def test_a_model_that_cites_2_gets_source_2_under_the_reply(
