@@ -84,9 +84,9 @@ async def _nearest(runtime: Any, query: Embedded, limit: int, readable: Readable
 
 
 async def _matching(runtime: Any, query: str, limit: int, readable: Readable,
-                    timeout: float | None) -> list[Hit]:
+                    timeout: float | None, all_common: bool = True) -> list[Hit]:
     hits = []
-    for row in await text.matching(runtime, query, limit, readable, timeout):
+    for row in await text.matching(runtime, query, limit, readable, timeout, all_common):
         hit = Hit.of(row, float(row["score"]))
         hit.matched = True
         hits.append(hit)
@@ -128,7 +128,9 @@ async def ranked(runtime: Any, query: str, limit: int, readable: Readable,
         return await _nearest(runtime, embedded, limit, readable, timeout)
     depth = max(limit, CANDIDATES)
     # Side by side, each on a connection of its own: the search takes the longer of the
-    # two statements, not their sum.
+    # two statements, not their sum. A question of common words only is ranked by meaning
+    # alone: their text matches are most chunks, and would cost the most to rank.
     lists = await asyncio.gather(_nearest(runtime, embedded, depth, readable, timeout),
-                                 _matching(runtime, query, depth, readable, timeout))
+                                 _matching(runtime, query, depth, readable, timeout,
+                                           all_common=False))
     return fuse(list(lists), limit)

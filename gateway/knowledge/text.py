@@ -52,11 +52,12 @@ def tsvector_sql(text: TextSettings, body: str) -> str:
     return f"to_tsvector('{text.language}', {body})"
 
 
-def tsquery_sql(text: TextSettings, query: str, common: str) -> str:
+def tsquery_sql(text: TextSettings, query: str, common: str, all_common: bool = True) -> str:
     """The query of the SQL expression ``query``'s words in the configured language, its
     stop words dropped: the OR of those not in the array ``common`` (a question in other
     words shares some words with its document, seldom all); when every word is common, the
-    AND of them all (OR would match nearly every chunk); NULL (no match) when none is left."""
+    AND of them all (OR would match nearly every chunk), or NULL when not ``all_common``;
+    NULL (no match) when no word is left."""
     # A word with a quote or a backslash (which the default parser seldom keeps) would need
     # escaping in tsquery's syntax: it is left out.
     stop = (f" AND to_tsvector('{text.stopwords}', w) <> ''::tsvector"
@@ -68,7 +69,8 @@ def tsquery_sql(text: TextSettings, query: str, common: str) -> str:
             f" rare AS (SELECT w FROM words WHERE w <> ALL({common}))"
             " SELECT (CASE WHEN EXISTS (SELECT FROM rare)"
             f" THEN (SELECT string_agg({quoted}, ' | ') FROM rare)"
-            f" ELSE (SELECT string_agg({quoted}, ' & ') FROM words) END)::tsquery)")
+            + (f" ELSE (SELECT string_agg({quoted}, ' & ') FROM words)" if all_common else "")
+            + " END)::tsquery)")
 
 
 # At most this many matching chunks are ranked (ts_rank_cd reads each one's tsvector): a
@@ -76,14 +78,15 @@ def tsquery_sql(text: TextSettings, query: str, common: str) -> str:
 RANKED_MAX = 500
 
 
-def ranked_sql(text: TextSettings, readable: Readable) -> tuple[str, list[Any]]:
+def ranked_sql(text: TextSettings, readable: Readable,
+               all_common: bool = True) -> tuple[str, list[Any]]:
     """``(sql, parameters after $1, $2 and $3)``: the chunks ``readable`` allows whose words
     match the query ``$1``, best ``ts_rank_cd`` first, ``$2`` of them, the words of ``$3``
-    (the common ones) left out of the query; rows ``(item_id, seq, body, owner, title, url,
-    score)`` as ``vectors.nearest_sql``'s."""
+    (the common ones) left out of the query (``all_common``: see ``tsquery_sql``); rows
+    ``(item_id, seq, body, owner, title, url, score)`` as ``vectors.nearest_sql``'s."""
     where, params = readable.sql("c.owner", 4)
-    sql = (f"WITH q AS MATERIALIZED (SELECT {tsquery_sql(text, '$1::text', '$3::text[]')}"
-           " AS q),"
+    query = tsquery_sql(text, "$1::text", "$3::text[]", all_common)
+    sql = (f"WITH q AS MATERIALIZED (SELECT {query} AS q),"
            " matches AS MATERIALIZED (SELECT c.item_id, c.seq, c.body, c.owner, c.tsv"
            f" FROM pipeline_chunks c, q WHERE c.tsv @@ q.q AND {where} LIMIT {RANKED_MAX}),"
            " found AS MATERIALIZED (SELECT m.item_id, m.seq, m.body, m.owner,"
@@ -134,11 +137,11 @@ def forget_common() -> None:
 
 
 async def matching(runtime: Any, query: str, limit: int, readable: Readable,
-                   timeout: float | None = None) -> list[Any]:
+                   timeout: float | None = None, all_common: bool = True) -> list[Any]:
     """The ``limit`` best text matches of ``query`` among the chunks ``readable`` allows
-    (on the client-read pool)."""
+    (on the client-read pool); not ``all_common``: none for a query of common words only."""
     if readable.nothing:
         return []
-    sql, params = ranked_sql(text_settings(runtime.settings), readable)
+    sql, params = ranked_sql(text_settings(runtime.settings), readable, all_common)
     return list(await runtime.pg_reads.fetch(sql, query, limit, await common_words(runtime),
                                              *params, timeout=timeout))

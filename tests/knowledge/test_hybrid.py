@@ -82,7 +82,10 @@ async def test_modes_are_checked_and_cached_apart(runtime, make_client, corpus) 
         assert await _found(client, "salary payments", mode) == answers[mode]
 
 
-async def test_a_question_of_only_common_words_still_matches(runtime, corpus) -> None:
-    """Every word of the query is common: they are kept, ranked by ts_rank_cd."""
-    found = await ranking.ranked(runtime, "the team", 5, EVERYTHING, "text")
+async def test_a_question_of_only_common_words(runtime, corpus) -> None:
+    """Every word of the query is common: text search matches them all (AND), ranked by
+    ts_rank_cd; hybrid search ranks such a question by meaning alone."""
+    found = await ranking.ranked(runtime, "team leads", 5, EVERYTHING, "text")
     assert len(found) == 5 and all(hit.matched for hit in found)
+    hybrid = await ranking.ranked(runtime, "team leads", 5, EVERYTHING, "hybrid")
+    assert len(hybrid) == 5 and not any(hit.matched for hit in hybrid)
