@@ -31,7 +31,7 @@ TARGETS: dict[str, str] = {
     "apikey": "gateway.access.apikeys:main",
     "token": "gateway.access.tokens:main_token",
     "barrier": "gateway.security.blocks:main",
-    "env": "gateway.app.dev:main_env",
+    "env": "gateway.app.devenv:main_env",
 }
 
 

@@ -16,23 +16,22 @@ import asyncio
 import base64
 import dataclasses
 import json
-import os
 import secrets
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from gateway import keys
-from gateway.access import tokens
 from gateway.app import serve
+from gateway.app.devenv import CLIENT_SCOPES, client_token, client_topics
 from gateway.app.process import Service
 from gateway.app.worker import service as pipeline_service
-from gateway.config import ConfigError, Secret, Settings, parse_webhook_secrets, redact_url
-from gateway.pipeline.stages import progress_topic
+from gateway.config import Secret, Settings, parse_webhook_secrets, redact_url
 from gateway.stores import devstack, embedded
 from gateway.stores.migrate import migrate_url
 
+# CLIENT_SCOPES and client_topics: the dev client token's, for tests that mint its like.
+__all__ = ["CLIENT_SCOPES", "client_topics", "main", "start_stack"]
 UNIX_PATH_MAX = 100  # sun_path is 108 bytes; leave room
 
 
@@ -118,49 +117,6 @@ def _announce(url: str, settings: Settings, root: Path) -> None:
     lines += [f"admin token: {settings.admin_token.get()}",
               f"client token: {client_token(settings)}"]
     print("\n".join(lines), flush=True)
-
-
-CLIENT_SUB = "dev-client"
-CLIENT_SCOPES = frozenset({"jobs:write", "jobs:read", "search:read", "feed:read"})
-CLIENT_TTL = 86400
-
-
-def client_topics(sub: str) -> tuple[str, ...]:
-    """The dev client token's topics: the progress of its own jobs
-    (``pipeline:<its namespace>``) and the conversations."""
-    return (progress_topic(keys.owner_namespace(sub)), "conversation:*")
-
-
-def client_token(settings: Settings) -> str:
-    """An access token for an app (a day long, or the longest ``[access]`` allows; its own
-    jobs' progress and every conversation; not the operators' ``pipeline``, which names
-    every tenant's items)."""
-    assert settings.jwt_secret
-    return tokens.mint(settings.jwt_secret.get(), CLIENT_SUB, CLIENT_SCOPES,
-                       client_topics(CLIENT_SUB),
-                       min(CLIENT_TTL, tokens.max_token_seconds(settings)),
-                       issuer=settings.jwt_issuer, audience=settings.jwt_audience)
-
-
-def main_env(args: argparse.Namespace, settings: Settings) -> int:
-    """``gateway env``: shell lines that give this shell what the README's examples use,
-    from the running dev stack: ``eval "$(gateway env)"``."""
-    root, url = devstack.running_url(os.environ)
-    if url is None:
-        raise ConfigError(devstack.DIR_VARIABLE, f"no running gateway dev stack in {root} (start "
-                          "`gateway dev` in this folder, or point GATEWAY_DEV_DIR at its "
-                          ".gateway folder)")
-    assert settings.admin_token
-    demo = settings.webhook_sources.get("demo")
-    lines = [f"export {devstack.DIR_VARIABLE}={shlex.quote(str(root))}",
-             f"export GATEWAY_URL={shlex.quote(url)}",
-             f"export GATEWAY_ADMIN_TOKEN={shlex.quote(settings.admin_token.get())}",
-             'ADMIN="$GATEWAY_ADMIN_TOKEN"',
-             f"TOKEN={shlex.quote(client_token(settings))}"]
-    if demo is not None:
-        lines.append(f"SECRET={shlex.quote(demo.secret.get())}")
-    print("\n".join(lines))
-    return 0
 
 
 def _services(args: argparse.Namespace) -> list[Service]:
