@@ -57,7 +57,8 @@ REGISTRY: tuple[Row, ...] = (
         "durable", "10 s", "access"),
     Row("sync:", "a short-lived write per Redis Cluster primary that WAITAOF waits on "
         "(durable acks on a cluster)", "durable", "10 s", "stores"),
-    Row("lock:", "single-holder leases with fencing token (Mattermost listener, maintenance)",
+    Row("lock:", "single-holder leases with fencing token (Mattermost listener, maintenance, "
+        "notification partitions and their members)",
         "durable", "lease", "runs"),
     Row("dedup:webhook:", "one inbound webhook delivery, one processing",
         "durable", "24 h (GATEWAY_DEDUP_TTL)", "webhooks"),

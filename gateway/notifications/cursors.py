@@ -25,6 +25,7 @@ class CursorWriter:
         self._conn: asyncpg.Connection | None = None
         self._waiting: list[tuple[Move, asyncio.Future[bool]]] = []
         self._flushing: asyncio.Task[None] | None = None
+        self._busy = False  # a move is being written by its caller
         self.statements = 0
 
     async def move(self, held: Held, topic: str, offset: int, epoch: int,
@@ -32,11 +33,37 @@ class CursorWriter:
         """Move ``held``'s cursor on ``topic`` to ``offset``; False when its fence or version
         moved on (the position is not ours to write any more). Raises what the statement
         raised (the caller retries the row later)."""
+        item: Move = (held, topic, offset, epoch, delivered)
+        if self._flushing is None and not self._busy:
+            return await self._alone(item)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting.append(((held, topic, offset, epoch, delivered), future))
-        if self._flushing is None:
-            self._flushing = asyncio.create_task(self._flush())
+        self._waiting.append((item, future))
+        self._start()
         return await future
+
+    async def _alone(self, item: Move) -> bool:
+        """Nobody else is writing: the move is its own statement, run by its caller (no task,
+        no future: the common case of one subscription delivering a backlog). Moves that
+        arrive meanwhile wait for the flusher started after it."""
+        self._busy = True
+        try:
+            self.statements += 1
+            if self._conn is None:
+                self._conn = await self.pool.acquire()
+            try:
+                moved = await statements.advance(self._conn, [item])
+            except BaseException:
+                await self._drop()
+                raise
+            return item[0].id in moved
+        finally:
+            self._busy = False
+            self._start()
+
+    def _start(self) -> None:
+        """The flusher for what waits, unless one runs or a move is being written alone."""
+        if self._waiting and self._flushing is None and not self._busy:
+            self._flushing = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         try:

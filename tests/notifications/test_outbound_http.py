@@ -11,10 +11,12 @@ bounded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
@@ -131,6 +133,33 @@ async def test_a_slow_endpoint_is_given_up_on_after_the_request_time(
     finally:
         await client.close()
     assert time.monotonic() - started < 2
+
+
+async def test_an_endpoint_that_does_not_accept_is_given_up_on_after_the_connect_time(
+        ) -> None:
+    """A listener whose accept queue is full drops new SYNs (Linux): the connection never
+    opens, and the attempt ends at ``connect_seconds``."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue (never accepted)
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    client = await loopback_client(connect_seconds=0.5, request_seconds=10)
+    started = time.monotonic()
+    try:
+        with pytest.raises((asyncio.TimeoutError, aiohttp.ClientError)):
+            await client.post(f"http://127.0.0.1:{port}/x", b"{}", {})
+    finally:
+        await client.close()
+        for each in (*fillers, server):
+            each.close()
+    assert time.monotonic() - started < 3
 
 
 async def test_at_most_64_kib_of_an_answer_is_read(receiver: Receiver) -> None:
