@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if settings is None or not reach.is_store_error(exc):
             raise
-        lines = asyncio.run(reach.unreachable(settings)) or [
+        lines = asyncio.run(reach.unreachable(settings, exc)) or [
             reach.scrub(f"{args.command}: {reach.reason(exc)}", settings)]
         if os.environ.get("GATEWAY_LOG_LEVEL", "").upper() == "DEBUG":
             raise

@@ -114,3 +114,23 @@ def test_doctor_names_the_reason(tmp_path: Path, stores: dict[str, str]) -> None
     assert failed == [f"fail redis-durable: unreachable at redis://127.0.0.1:{port}/0: "
                       f"Connection refused (127.0.0.1:{port})"], \
         done.stdout
+
+
+def test_serve_with_stores_down_refuses_in_one_line(tmp_path: Path,
+                                                     stores: dict[str, str]) -> None:
+    down = {"GATEWAY_DURABLE_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "GATEWAY_CACHE_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    line = _one_line(_run(tmp_path, "serve", **{**stores, **down}))
+    assert line.startswith("gateway: refusing to start: fail redis-durable: unreachable at "
+                           f"{down['GATEWAY_DURABLE_URL']}: Connection refused"), line
+    assert line.endswith("(and 1 more: `gateway doctor` lists them)")
+
+
+def test_the_store_that_failed_is_named_first(tmp_path: Path, stores: dict[str, str]) -> None:
+    """``apikey list`` reads PostgreSQL only: with PostgreSQL and redis-durable both down,
+    the line names PostgreSQL, the store the command needed."""
+    down = {"GATEWAY_DURABLE_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "GATEWAY_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"}
+    line = _one_line(_run(tmp_path, "apikey", "list", **{**stores, **down}))
+    assert line.startswith("gateway: cannot reach postgres at "), line
+    assert line.endswith(": Connection refused")

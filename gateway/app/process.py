@@ -33,12 +33,13 @@ async def preflight(settings: Settings) -> bool:
     """Refuse to serve when the topology check fails (a durable instance that can evict) or
     a ``[providers.*]`` table cannot be used (its key's variable unset)."""
     checks = await doctor.run_checks(settings) + provider_checks(settings)
-    for check in checks:
-        if check.status != "ok":
-            log.warning("%s", check.line())
-    if doctor.has_failure(checks):
-        for check in checks:
-            if check.status == "fail":
-                print(f"gateway: refusing to start: {check.line()}", file=sys.stderr)
+    failed = [check for check in checks if check.status == "fail"]
+    if failed:  # one line: the first failure, and how to see the others
+        more = (f" (and {len(failed) - 1} more: `gateway doctor` lists them)"
+                if len(failed) > 1 else "")
+        print(f"gateway: refusing to start: {failed[0].line()}{more}", file=sys.stderr)
         return False
+    for check in checks:
+        if check.status == "warn":
+            log.warning("%s", check.line())
     return True

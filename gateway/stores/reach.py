@@ -39,9 +39,9 @@ def reason(exc: BaseException) -> str:
         return f"the password was refused ({exc})"
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"no answer within {PROBE_SECONDS:g} s"
-    if isinstance(exc, OSError) and exc.strerror:
+    if isinstance(exc, OSError) and (exc.errno or exc.strerror):
         where = f" ({exc.filename})" if exc.filename else ""
-        return f"{exc.strerror}{where}"
+        return f"{os.strerror(exc.errno) if exc.errno else exc.strerror}{where}"
     text = " ".join(str(exc).split())
     found = _CONNECTING.match(text)
     if found:  # redis-py: "Error 111 connecting to host:port. <the socket's words>"
@@ -91,9 +91,10 @@ async def _postgres(url: str) -> str | None:
         return reason(exc)
 
 
-async def unreachable(settings: Settings) -> list[str]:
-    """One line per configured store that does not answer, in the order durable, cache,
-    PostgreSQL: ``cannot reach <store> at <redacted url>: <reason>``."""
+async def unreachable(settings: Settings, failure: BaseException | None = None) -> list[str]:
+    """One line per configured store that does not answer, ``cannot reach <store> at
+    <redacted url>: <reason>``: the kind of store that gave ``failure`` first (a Redis
+    error names a Redis role before PostgreSQL), then durable, cache, PostgreSQL."""
     probes = []
     if settings.durable_url:
         probes.append(("redis-durable", settings.durable_url,
@@ -103,6 +104,8 @@ async def unreachable(settings: Settings) -> list[str]:
                        _redis(settings.cache_url, "GATEWAY_CACHE_URL")))
     if settings.database_url:
         probes.append(("postgres", settings.database_url, _postgres(settings.database_url)))
+    if failure is not None and not isinstance(failure, RedisError):
+        probes.sort(key=lambda probe: probe[0] != "postgres")  # PostgreSQL's error first
     found = await asyncio.gather(*(probe for _, _, probe in probes))
     return [scrub(f"cannot reach {name} at {redact_url(url)}: {why}", settings)
             for (name, url, _), why in zip(probes, found, strict=True) if why is not None]
