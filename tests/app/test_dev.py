@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,15 @@ def _ready(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def _status(url: str, token: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
 
 
 def _processes_using(path: Path) -> list[str]:
@@ -172,6 +182,12 @@ def test_dev_is_the_clis_default_stack_and_a_second_dev_refuses(workdir: Path) -
         assert {p.name: p.stat().st_ino for p in root.glob("*.sock")} == sockets
         assert _durable(root).ping()
         assert _ready(url)
+        # Issue 28 point 1: a dozen wrong credentials from this machine (the barrier's limit
+        # is 10) lock nobody out of their own dev stack: each is a 401, the admin token works.
+        statuses = [_status(url + "/v1/admin/queues", "wrong") for _ in range(12)]
+        assert statuses == [401] * 12
+        admin = json.loads(stack.read_text())["admin_token"]
+        assert _status(url + "/v1/admin/queues", admin) == 200
         # Commands in the folder reach the stack with nothing set.
         done = _gateway(workdir, "deadletter", "list", "--stage", "store")
         assert done.returncode == 0, done.stderr
