@@ -14,6 +14,7 @@ from gateway.conversations import links, subscribing
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.access.test_links import say as say_in_chat
+from tests.conversations.fast import with_sections
 from tests.fakes import FakeSlack, FakeTelegram, slash_command_body
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN
@@ -39,8 +40,8 @@ async def code_for(client: Any, sub: str, topics: tuple[str, ...]) -> str:
 
 async def opened(runtime: Runtime, make_client: Any, **changes: Any) -> tuple[Any, Runtime]:
     settings = dataclasses.replace(
-        runtime.settings, jwt_secret=Secret(SECRET),
-        sections={**changes.pop("sections", {}), "notifications": FAST}, **changes)
+        with_sections(runtime.settings, notifications=FAST), jwt_secret=Secret(SECRET),
+        **changes)
     rt = await open_runtime(settings)
     return await make_client(create_app(rt), rt=rt), rt
 
@@ -90,7 +91,7 @@ async def test_telegram_chat_subscribes_itself(
 
 async def test_a_chat_destination_through_the_api_needs_a_linked_chat(
         runtime: Runtime, make_client: Any) -> None:
-    client, rt = await opened(runtime, make_client, sections={})
+    client, rt = await opened(runtime, make_client)
     try:
         code = await code_for(client, "alice", ("alerts",))
         assert await say(rt, "99", f"/link {code}", "1") == links.LINKED
