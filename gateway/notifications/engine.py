@@ -89,6 +89,7 @@ class Engine:
         self._names: list[str] = []  # topics followed by name, and by prefix
         self._prefixes: list[str] = []
         self._stopping = asyncio.Event()
+        self._tick_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         metrics.LAG.set_function(self.lag)
 
@@ -98,8 +99,15 @@ class Engine:
         """Deliver until ``stop``; then let the rows in flight finish, give the partitions
         back and leave the members, so the others take over at once."""
         tick = self.settings.lease_seconds / 3
+        # Listening from the start, to subscription changes at least: a subscription made
+        # in a partition nobody holds is taken at once, not at the next tick.
+        self.listener = SignalListener(self.runtime.cache, self._on_signal, self._on_state)
+        self._tasks = [asyncio.create_task(self.listener.run(self._stopping))]
+        await self.listener.add(CHANGES_TOPIC, SUBSCRIBE_SECONDS)
+        self._listened = {CHANGES_TOPIC}
         try:
             while not stop.is_set():
+                self._tick_now.clear()
                 try:
                     await self._tick()
                 except asyncio.CancelledError:
@@ -109,7 +117,7 @@ class Engine:
                                 type(exc).__name__, exc)
                     self._drop_invalid()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), tick)
+                    await asyncio.wait_for(_either(stop, self._tick_now), tick)
         finally:
             await self._shutdown()
 
@@ -183,9 +191,7 @@ class Engine:
         self.context = Context(self.pool, Rows(self.pool), CursorWriter(self.pool),
                                self.settings, self.heads, self.lease_valid,
                                self._reload.set)
-        self.listener = SignalListener(self.runtime.cache, self._on_signal, self._on_state)
-        self._tasks = [asyncio.create_task(self.listener.run(self._stopping)),
-                       asyncio.create_task(self._poll(self._stopping))]
+        self._tasks.append(asyncio.create_task(self._poll(self._stopping)))
 
     async def _poll(self, stop: asyncio.Event) -> None:
         """Reload in full when asked (a partition taken, a change signalled, a write
@@ -223,8 +229,8 @@ class Engine:
                   if lease.locally_valid()}
         self._known = await self._fingerprint()
         found = {h.id: h for h in await statements.load(self.pool, tokens)}
-        for sub_id in [i for i in self.runners if i not in found]:
-            await self.runners.pop(sub_id).stop(STOP_GRACE_SECONDS)
+        await asyncio.gather(*(self.runners.pop(sub_id).stop(STOP_GRACE_SECONDS)
+                               for sub_id in [i for i in self.runners if i not in found]))
         for sub_id, fresh in found.items():
             runner = self.runners.get(sub_id)
             if runner is not None:
@@ -304,6 +310,7 @@ class Engine:
         topic = body["topic"]
         if topic == CHANGES_TOPIC:
             self._reload.set()
+            self._tick_now.set()  # a new subscription's partition may be nobody's yet
             return
         row = body.get("row")
         if isinstance(row, dict) and self.context is not None:
@@ -316,19 +323,29 @@ class Engine:
             self._reload.set()
 
     async def _shutdown(self) -> None:
-        for part in list(self.leases):
-            await self._let_go(part, grace=STOP_GRACE_SECONDS, release=True)
+        await asyncio.gather(*(self._let_go(part, grace=STOP_GRACE_SECONDS, release=True)
+                               for part in list(self.leases)))
+        self._stopping.set()
+        for task in self._tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
         if self.context is not None:
-            self._stopping.set()
-            for task in self._tasks:
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.wait_for(task, 5)
             await self.context.writer.close()
         with contextlib.suppress(Exception):
             await self.runtime.durable.zrem(MEMBERS_KEY, self.holder)
         await self.client.close()
         if self.pool is not None:
             await self.pool.close()
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def policy_of(settings: NotificationSettings) -> Policy:
