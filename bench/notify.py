@@ -647,6 +647,8 @@ def main() -> int:
         return 0
     if args.quick:
         args.subscriptions, args.rows, args.rounds, args.duration = 100, 1000, 1, 3
+    if min(args.rounds, args.subscriptions, args.rows, args.events, args.duration) < 1:
+        parser.error("--rounds, --subscriptions, --rows, --events and --duration must be >= 1")
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     run(args)
