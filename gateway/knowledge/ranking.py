@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +126,10 @@ async def ranked(runtime: Any, query: str, limit: int, readable: Readable,
     if mode == "vector":
         return await _nearest(runtime, embedded, limit, readable, timeout)
     depth = max(limit, CANDIDATES)
-    # Side by side, each on a connection of its own: the search takes the longer of the
-    # two statements, not their sum. A question of common words only is ranked by meaning
-    # alone: their text matches are most chunks, and would cost the most to rank.
-    lists = await asyncio.gather(_nearest(runtime, embedded, depth, readable, timeout),
-                                 _matching(runtime, query, depth, readable, timeout,
-                                           all_common=False))
-    return fuse(list(lists), limit)
+    # One after the other, on one client-read connection at a time: side by side, two
+    # searches held all four of the read pool's connections and the feed got 503s. A
+    # question of common words only is ranked by meaning alone: its text matches are most
+    # chunks, and would cost the most to rank.
+    nearest = await _nearest(runtime, embedded, depth, readable, timeout)
+    matching = await _matching(runtime, query, depth, readable, timeout, all_common=False)
+    return fuse([nearest, matching], limit)

@@ -62,17 +62,19 @@ async def test_a_fractional_rate_is_kept_on_average_not_truncated_to_zero(
 
 async def test_a_fixed_window_edge_burst_is_refused(runtime: Runtime) -> None:
     """The classic INCR+EXPIRE failure: a full budget at the end of one window and another
-    at the start of the next. The sliding window refuses the second."""
+    at the start of the next. The sliding window refuses the second. (A 60 s window: the
+    log's keys expire after a window of real time whatever the simulated clock says, and
+    twenty calls on a loaded machine took longer than a 1 s one.)"""
     limiter = Limiter(runtime.durable)
-    base = 5_000_000.0
-    first = [await limiter.check("edge", rate=10, period=1.0, burst=10, now=base + 0.99)
+    base = 6_000_000.0  # a multiple of 60: a fixed window would end at base + 60
+    first = [await limiter.check("edge", rate=10, period=60.0, burst=10, now=base + 59.99)
              for _ in range(10)]
-    second = [await limiter.check("edge", rate=10, period=1.0, burst=10, now=base + 1.01)
+    second = [await limiter.check("edge", rate=10, period=60.0, burst=10, now=base + 60.01)
               for _ in range(10)]
     assert all(d.admitted for d in first)
     assert not any(d.admitted for d in second)
     # The refusal says when the oldest admission leaves the window.
-    assert second[0].wait == pytest.approx(0.98, abs=1e-6)
+    assert second[0].wait == pytest.approx(59.98, abs=1e-6)
 
 
 async def test_burst_one_spaces_attempts_evenly(runtime: Runtime) -> None:
