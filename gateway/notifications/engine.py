@@ -105,6 +105,7 @@ class Engine:
         self._tasks = [asyncio.create_task(self.listener.run(self._stopping))]
         await self.listener.add(CHANGES_TOPIC, SUBSCRIBE_SECONDS)
         self._listened = {CHANGES_TOPIC}
+        relay = asyncio.create_task(self._relay(stop))  # a stop ends the wait between ticks
         try:
             while not stop.is_set():
                 self._tick_now.clear()
@@ -117,9 +118,14 @@ class Engine:
                                 type(exc).__name__, exc)
                     self._drop_invalid()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_either(stop, self._tick_now), tick)
+                    await asyncio.wait_for(self._tick_now.wait(), tick)
         finally:
+            relay.cancel()
             await self._shutdown()
+
+    async def _relay(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._tick_now.set()
 
     async def _tick(self) -> None:
         durable = self.runtime.durable
@@ -336,16 +342,6 @@ class Engine:
         await self.client.close()
         if self.pool is not None:
             await self.pool.close()
-
-
-async def _either(*events: asyncio.Event) -> None:
-    """Until one of ``events`` is set."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
 
 
 def policy_of(settings: NotificationSettings) -> Policy:
