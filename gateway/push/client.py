@@ -273,8 +273,9 @@ class PushClient:
             task.cancel()
             await asyncio.wait([task], timeout=1.0)
         if task is not None and not task.cancelled():
-            with contextlib.suppress(Exception):
-                task.result()
+            # Marked retrieved, not raised: raising the exception the caller's loop may be
+            # raising right now would rewrite its traceback to point here.
+            task.exception()
         if self._own_session and self._session is not None:
             await self._session.close()
 

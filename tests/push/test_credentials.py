@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import shutil
+import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,20 @@ async def test_no_credential_stops_the_client_with_a_clear_error(
             await push.get(timeout=5)
     assert refused.value.status == 401
     assert "Authorization" in str(refused.value) and push.connects == 0
+
+
+async def test_the_refusal_is_raised_at_the_readers_loop(
+        app_client: TestClient[Any, Any]) -> None:
+    """The README's loop without a credential, as a script runs it: the traceback ends at its
+    own ``async for`` (through ``get``), not in the client's ``close`` (which re-raised the
+    same exception on the way out of ``async with`` and so rewrote where it came from)."""
+    with pytest.raises(AccessRefused) as refused:
+        async with PushClient(base_url(app_client), [TOPIC], since={TOPIC: 0}) as push:
+            async for _row in push:
+                pass
+    frames = [frame.name for frame in traceback.extract_tb(refused.value.__traceback__)]
+    assert "close" not in frames, frames
+    assert frames[:2] == ["test_the_refusal_is_raised_at_the_readers_loop", "_iterate"], frames
 
 
 async def test_a_credential_without_the_topic_stops_the_client_with_403(
