@@ -176,7 +176,7 @@ async def advance(conn: asyncpg.Connection, moves: list[Move]) -> set[str]:
 _FAILED = """
 UPDATE subscriptions SET head_failures = $3, head_failing_since = to_timestamp($4),
     failing_since = to_timestamp($5), retry_at = to_timestamp($6), last_error = $7
-WHERE id = $1 AND fence = $2 RETURNING id
+WHERE id = $1 AND fence = $2 AND version = $8 RETURNING id
 """
 
 
@@ -184,7 +184,7 @@ async def failed(pool: asyncpg.Pool, held: Held) -> bool:
     """Record the head's failure (its count, since when, the next attempt, the error)."""
     return await pool.fetchval(
         _FAILED, held.id, held.fence, held.head_failures, held.head_failing_since,
-        held.failing_since, held.retry_at, held.last_error) is not None
+        held.failing_since, held.retry_at, held.last_error, held.version) is not None
 
 
 _GIVE_UP = """

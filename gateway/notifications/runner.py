@@ -147,7 +147,7 @@ class Runner:
         if until > time.time():
             await self._sleep(until - time.time())
             return
-        row = await self._next_row()
+        row = await self._next_row(held)
         if row is None:
             await self._write_skipped()
             if not self.wake.is_set():
@@ -158,29 +158,32 @@ class Runner:
             return
         self.in_flight = True
         try:
+            # The row is settled against the subscription as it was sent: a replay meanwhile
+            # (a new version) makes its cursor write refused, not move the new position.
             if isinstance(self.sender, ChatSender):
-                await self._post(row, self.sender)
+                await self._post(held, row, self.sender)
             else:
-                await self._settle(row, await self.sender.send(row))
+                await self._settle(held, row, await self.sender.send(row))
         finally:
             self.in_flight = False
 
-    async def _post(self, row: FeedRow, sender: ChatSender) -> None:
+    async def _post(self, held: Held, row: FeedRow, sender: ChatSender) -> None:
         """A chat message: after the platform limits, the row and every row of its topic that
         waits behind it (a digest, as many as one message holds), marked before the post."""
         await sender.admit()
-        lines, last = await self._gather(row, sender)
-        mark = f"{self.held.id}:{row.topic}:{row.epoch}:{last.offset}"
+        lines, last = await self._gather(held, row, sender)
+        mark = f"{held.id}:{row.topic}:{row.epoch}:{last.offset}"
         message = {"topic": row.topic, "to": last.offset, "epoch": row.epoch, "mark": mark,
                    "at": time.time()}
-        if not await statements.sending(self.context.pool, self.held, message):
+        if not await statements.sending(self.context.pool, held, message):
             self._lost()
             return
-        self.held.sending = message
+        held.sending = message
         outcome = await sender.send(sender.text(row.topic, lines), mark)
-        await self._settle(row, outcome, last)
+        await self._settle(held, row, outcome, last)
 
-    async def _gather(self, first: FeedRow, sender: ChatSender) -> tuple[list[str], FeedRow]:
+    async def _gather(self, held: Held, first: FeedRow,
+                      sender: ChatSender) -> tuple[list[str], FeedRow]:
         """The lines of ``first`` and of the rows of its topic after it that are already
         there and fit one message (rows of unwanted kinds passed over); and the last row
         looked at, where the cursor goes once the message is taken."""
@@ -193,7 +196,7 @@ class Runner:
             row = await self.context.rows.after(first.topic, last.offset, first.epoch)
             if row is None or row.epoch != first.epoch:
                 break
-            if not self.held.wants(row.kind):
+            if not held.wants(row.kind):
                 last = row
                 continue
             line = sender.line(row)
@@ -209,21 +212,22 @@ class Runner:
         it, the rows it covered are delivered (the cursor moves past them, nothing posted);
         otherwise they go out again (on Telegram, which cannot be asked, that may show them
         twice)."""
-        message, sender = self.held.sending, self.sender
+        held, sender = self.held, self.sender
+        message = held.sending
         if not message or not isinstance(sender, ChatSender):
             return
         if sender.can_look and await sender.posted(str(message["mark"]),
                                                    float(message["at"]) - LOOK_MARGIN):
             log.info("subscription %s: message %s was posted before its holder stopped",
-                     self.held.id, message["mark"])
-            await self._move(str(message["topic"]), int(message["to"]), int(message["epoch"]),
-                             delivered=True)
+                     held.id, message["mark"])
+            await self._move(held, str(message["topic"]), int(message["to"]),
+                             int(message["epoch"]), delivered=True)
         elif not sender.can_look:
             log.warning("subscription %s: message %s may show twice (%s cannot be asked)",
                         self.held.id, message["mark"], sender.platform)
 
-    async def _next_row(self) -> FeedRow | None:
-        held, heads = self.held, self.context.heads
+    async def _next_row(self, held: Held) -> FeedRow | None:
+        heads = self.context.heads
         topics = [held.topic] if not held.topic.endswith("*") else [
             t for t in heads if held.follows(t)]
         best: FeedRow | None = None
@@ -243,14 +247,13 @@ class Runner:
                 best = row
         return best
 
-    async def _settle(self, row: FeedRow, outcome: Outcome,
+    async def _settle(self, held: Held, row: FeedRow, outcome: Outcome,
                       last: FeedRow | None = None) -> None:
         """``row`` was sent (with the rows up to ``last``, a digest's): settle the outcome."""
-        held = self.held
         last = last or row
         if outcome.kind == "ok":
             self.delivered.inc()
-            await self._move(last.topic, last.offset, last.epoch, delivered=True)
+            await self._move(held, last.topic, last.offset, last.epoch, delivered=True)
             return
         if outcome.kind == "wait":  # 429 + Retry-After: as asked, not a failure
             self.hold_until = time.time() + min(
@@ -259,7 +262,7 @@ class Runner:
         self.failed.inc()
         pool = self.context.pool
         if outcome.kind == "gone":
-            await self._pause(f"the endpoint answered 410 Gone ({outcome.detail[:200]})")
+            await self._pause(held, f"the endpoint answered 410 Gone ({outcome.detail[:200]})")
             return
         now = time.time()
         settings = self.context.settings
@@ -268,11 +271,11 @@ class Runner:
         held.failing_since = held.failing_since or now
         held.last_error = outcome.detail[:500]
         if now - held.failing_since >= settings.disable_after_seconds:
-            await self._pause(f"failing for {now - held.failing_since:.0f} s: "
-                              f"{outcome.detail[:200]}")
+            await self._pause(held, f"failing for {now - held.failing_since:.0f} s: "
+                                    f"{outcome.detail[:200]}")
             return
         if now - held.head_failing_since >= settings.give_up_after_seconds:
-            await self._give_up(row)
+            await self._give_up(held, row)
             return
         delay = settings.retry_delay(held.head_failures) * random.uniform(1 - JITTER, 1 + JITTER)
         held.retry_at = min(now + max(delay, outcome.wait),
@@ -280,10 +283,10 @@ class Runner:
         if not await statements.failed(pool, held):
             self._lost()
 
-    async def _move(self, topic: str, offset: int, epoch: int, *, delivered: bool) -> None:
+    async def _move(self, held: Held, topic: str, offset: int, epoch: int, *,
+                    delivered: bool) -> None:
         """Write the cursor to ``offset`` (retrying the write, never the send: the rows were
         taken), then forget the head's failures."""
-        held = self.held
         while True:
             try:
                 moved = await self.context.writer.move(held, topic, offset, epoch, delivered)
@@ -313,8 +316,7 @@ class Runner:
             if self.dirty.get(topic) == (offset, epoch):
                 del self.dirty[topic]
 
-    async def _give_up(self, row: FeedRow) -> None:
-        held = self.held
+    async def _give_up(self, held: Held, row: FeedRow) -> None:
         metrics.GIVEN_UP.labels(held.type).inc()
         log.info("subscription %s: %s:%s given up after %d attempts", held.id, row.topic,
                  row.offset, held.head_failures)
@@ -325,10 +327,10 @@ class Runner:
         held.cursors[row.topic] = (row.offset, row.epoch)
         held.head_failures, held.head_failing_since, held.retry_at = 0, None, None
 
-    async def _pause(self, error: str) -> None:
-        log.info("subscription %s paused: %s", self.held.id, error)
-        if await statements.pause(self.context.pool, self.held, error):
-            self.held.state, self.held.last_error = "paused", error
+    async def _pause(self, held: Held, error: str) -> None:
+        log.info("subscription %s paused: %s", held.id, error)
+        if await statements.pause(self.context.pool, held, error):
+            held.state, held.last_error = "paused", error
         else:
             self._lost()
 

@@ -126,3 +126,27 @@ async def test_long_failure_pauses_the_subscription(app_with: Any, receiver: Rec
                      message="paused after failing 1 s straight")
     view = await (await client.get(f"/v1/subscriptions/{made['id']}")).json()
     assert "failing for" in view["last_error"] and "502" in view["last_error"]
+
+
+async def test_a_replay_during_delivery_starts_again_after_its_offset(
+        app_with: Any, receiver: Receiver, runtime: Runtime) -> None:
+    """The row in flight when the replay lands is settled against the position it was sent
+    from: the replay is not undone by that row's cursor write."""
+    client = await app_with()
+    receiver.slow = 0.1
+    made = await subscribe(client, "t", receiver.endpoint("r"))
+    await publish(client, "t", 12)
+    await wait_until(lambda: len(receiver.to("r")) >= 4, timeout=15)
+    replayed = await client.post(f"/v1/subscriptions/{made['id']}/replay", json={"after": 0})
+    assert replayed.status == 200
+    replayed_at = receiver.to("r")[-1].time
+
+    def again() -> list[str]:
+        return [d.id for d in receiver.to("r") if d.time > replayed_at]
+
+    await wait_until(lambda: again()[-1:] == ["t:12"], timeout=20, message="replayed to 12")
+    after = again()
+    assert "t:1" in after, after
+    assert after[after.index("t:1"):] == [f"t:{n}" for n in range(1, 13)], after
+    await wait_until(lambda: cursor(runtime, made["id"], "t"), timeout=5)
+    assert await cursor(runtime, made["id"], "t") == 12
