@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.push import feed
 from gateway.stores.runtime import Runtime
 from tests.fakes.receiver import Answer, Receiver
 from tests.helpers import wait_until
@@ -150,3 +151,36 @@ async def test_a_replay_during_delivery_starts_again_after_its_offset(
     assert after[after.index("t:1"):] == [f"t:{n}" for n in range(1, 13)], after
     await wait_until(lambda: cursor(runtime, made["id"], "t"), timeout=5)
     assert await cursor(runtime, made["id"], "t") == 12
+
+
+async def test_a_prefix_follows_topics_made_after_it_and_kinds_filter(
+        app_with: Any, receiver: Receiver, runtime: Runtime) -> None:
+    client = await app_with()
+    await publish(client, "alerts:old", 2)  # before the subscription: not delivered
+    made = await subscribe(client, "alerts:*", receiver.endpoint("p"), kinds=["page"])
+    await publish(client, "alerts:old", kind="page", text="a")
+    await publish(client, "alerts:new", kind="info", text="b")  # not a wanted kind
+    await publish(client, "alerts:new", kind="page", text="c")
+    await publish(client, "other", kind="page", text="d")  # not covered
+    await wait_until(lambda: len(receiver.to("p")) >= 2, timeout=15)
+    assert receiver.ids("p") == ["alerts:old:3", "alerts:new:2"]
+    assert [d.body["payload"]["text"] for d in receiver.to("p")] == ["a", "c"]
+
+    async def cursors() -> dict[str, int]:
+        view = await (await client.get(f"/v1/subscriptions/{made['id']}")).json()
+        return dict(view["cursor"])
+
+    await wait_until(lambda: cursors(), timeout=5)
+    assert await cursors() == {"alerts:old": 3, "alerts:new": 2}
+
+
+async def test_a_lost_signal_is_made_up_by_the_poll(
+        app_with: Any, receiver: Receiver, runtime: Runtime) -> None:
+    """A row committed without its push signal (pub/sub is at-most-once) is delivered
+    within the poll interval anyway."""
+    client = await app_with(poll_seconds=0.5)
+    await subscribe(client, "quiet", receiver.endpoint("q"))
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        await feed.append(conn, "quiet", "event", {"text": "no signal"})
+    await wait_until(lambda: receiver.ids("q") == ["quiet:1"], timeout=5,
+                     message="the row found by the poll")
