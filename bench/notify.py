@@ -424,7 +424,8 @@ def compare(round_no: int, ours: Figure, theirs: Figure, what: str,
     ratio = ours.rate / theirs.rate
     print(f"round {round_no}  {ours.line()}\nround {round_no}  {theirs.line()}\n"
           f"round {round_no}  {what}: gateway/bare {ratio:.2f} ({plural}/s), "
-          f"{theirs.cpu_us / ours.cpu_us:.2f} (inverse CPU per {unit})", flush=True)
+          f"{theirs.cpu_us / ours.cpu_us:.2f} (inverse CPU per {unit}); "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
     return ratio
 
 
@@ -517,7 +518,8 @@ def ingest_runs(bench: Bench, durable_url: str) -> list[float]:
             print(f"round {round_no}  ingest CPU per request: "
                   f"{results['off'].cpu_us:.0f} us delivery off, {results['on'].cpu_us:.0f} us "
                   f"on with {2 * args.subscriptions + 1} subscriptions held "
-                  f"({args.subscriptions} of webhook:{SOURCE}): {added[-1]:+.1%}", flush=True)
+                  f"({args.subscriptions} of webhook:{SOURCE}): {added[-1]:+.1%}; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
         background = (idle["on"] - idle["off"]) / 1000
         rate = results["on"].rps
         print(f"the idle difference, {background * 1000:.1f} ms CPU/s, at the last round's "
