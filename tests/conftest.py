@@ -70,6 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "GATEWAY_TEST_TOPOLOGY=cluster")
     config.addinivalue_line(  # pytest-xdist's own (also declared when it is not loaded)
         "markers", "xdist_group(name): tests of one group run on one worker")
+    given = [name for name in ("GATEWAY_TEST_DURABLE_URL", "GATEWAY_TEST_CACHE_URL",
+                               "GATEWAY_TEST_DATABASE_URL") if os.environ.get(name)]
+    if given and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(f"{', '.join(given)}: every test flushes these servers, so "
+                                "parallel workers cannot share them; run with -n 0")
     if not config.option.basetemp and not hasattr(config, "workerinput"):
         # Embedded PostgreSQL runs as another user when we are root, so every parent of a
         # data directory needs o+x; pytest takes it away from /tmp/pytest-of-<user> whenever
@@ -125,11 +130,6 @@ def tmp_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def servers(tmp_root: Path) -> Iterator[ServerSet]:
     env = os.environ
-    given = [name for name in ("GATEWAY_TEST_DURABLE_URL", "GATEWAY_TEST_CACHE_URL",
-                               "GATEWAY_TEST_DATABASE_URL") if env.get(name)]
-    if given and int(env.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        pytest.exit(f"{', '.join(given)}: servers every test flushes cannot be shared by "
-                    "parallel workers; run with -n 0", returncode=4)
     started: list[Any] = []
     try:
         durable_url = env.get("GATEWAY_TEST_DURABLE_URL")
