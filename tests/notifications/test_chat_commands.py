@@ -6,6 +6,7 @@ how to link. The subscription is the account's, and the chat receives the topic'
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from gateway.access.tokens import mint
@@ -16,7 +17,7 @@ from gateway.web.app import create_app
 from tests.access.test_links import say as say_in_chat
 from tests.conversations.fast import with_sections
 from tests.fakes import FakeSlack, FakeTelegram, slash_command_body
-from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.mattermost import BOT_USER_ID, FakeMattermost
 from tests.fakes.pytest_plugin import SLACK_TOKEN, TELEGRAM_TOKEN
 from tests.fakes.slack import CHANNEL_ID, signed_form
 from tests.helpers import wait_until
@@ -38,10 +39,11 @@ async def code_for(client: Any, sub: str, topics: tuple[str, ...]) -> str:
         return str((await issued.json())["code"])
 
 
-async def opened(runtime: Runtime, make_client: Any, **changes: Any) -> tuple[Any, Runtime]:
+async def opened(runtime: Runtime, make_client: Any, *, deliver: bool = True,
+                 **changes: Any) -> tuple[Any, Runtime]:
     settings = dataclasses.replace(
-        with_sections(runtime.settings, notifications=FAST), jwt_secret=Secret(SECRET),
-        **changes)
+        with_sections(runtime.settings, notifications={**FAST, "deliver": deliver}),
+        jwt_secret=Secret(SECRET), **changes)
     rt = await open_runtime(settings)
     return await make_client(create_app(rt), rt=rt), rt
 
@@ -162,3 +164,37 @@ async def test_mattermost_subscribe_without_the_slash(
         assert post["props"]["gateway_notification"].endswith(":alerts:1:1")
     finally:
         await rt.close()
+
+
+async def test_a_posted_message_is_found_on_mattermost_and_not_posted_again(
+        runtime: Runtime, make_client: Any, fake_mattermost: FakeMattermost) -> None:
+    """As on Slack (test_chats): the mark of a message whose holder stopped after posting it
+    is found in the channel's posts (its props), and the rows it covered are not posted
+    again by the next holder."""
+    maker, maker_rt = await opened(runtime, make_client, deliver=False)
+    async with maker.post("/v1/subscriptions", json={
+            "topic": "mm", "template": "{text}",
+            "destination": {"type": "mattermost", "channel_id": "general"}}) as created:
+        sub = (await created.json())["id"]
+    await publish(maker, "mm", text="one")
+    mark = f"{sub}:mm:1:1"
+    await runtime.pg.execute("UPDATE subscriptions SET sending = $2 WHERE id = $1", sub,
+                             {"topic": "mm", "to": 1, "epoch": 1, "mark": mark,
+                              "at": time.time()})
+    fake_mattermost.make_post("general", "one", user_id=BOT_USER_ID,  # as the bot posted it
+                              props={"gateway_notification": mark})
+    settings = mattermost_settings(runtime.settings, fake_mattermost.url)
+    settings = dataclasses.replace(settings, sections={**settings.sections,
+                                                       "notifications": FAST})
+    rt = await open_runtime(settings)
+    try:
+        client = await make_client(create_app(rt), rt=rt)
+        await publish(client, "mm", text="two")
+
+        def posted() -> list[str]:
+            return [r["message"] for r in fake_mattermost.replies("general")]
+
+        await wait_until(lambda: posted() == ["two"], timeout=10, message="only row 2 posted")
+    finally:
+        await rt.close()
+        await maker_rt.close()
