@@ -192,5 +192,10 @@ async def check_answers(answers: list[list[tuple[int, Any]]]) -> None:
         assert sorted(status for status, _ in tries) == [200, 200, 202], tries
         assert {body["item_id"] for _, body in tries} == {f"job-{n}"}
     for tries in answers[WEBHOOKS + JOBS:]:
-        assert [status for status, _ in tries] == [200, 200, 200], [
-            (s, json.loads(b or b"null") if s != 200 else None) for s, b in tries]
+        # A copy that arrives while another holds the claim in progress (Redis Cluster, where
+        # claim and enqueue are two steps) is 503 + Retry-After, so the platform retries it
+        # instead of dropping an event whose first attempt may still fail; at least one 200.
+        seen = [(s, json.loads(b or b"null") if s != 200 else None) for s, b in tries]
+        assert 200 in [s for s, _ in seen], seen
+        assert all(s == 200 or (s == 503 and body["error"] == "backpressure")
+                   for s, body in seen), seen
