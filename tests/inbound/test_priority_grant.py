@@ -22,13 +22,18 @@ async def _key(runtime: Runtime, *scopes: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {created['key']}"}
 
 
-async def test_300_high_jobs_of_a_client_do_not_pass_an_earlier_webhook(
-        client: Any, runtime: Runtime) -> None:
+async def _early_webhook(client: Any) -> str:
+    """A signed webhook accepted before the client's jobs: its item id."""
     body = body_of({"type": "order.created", "text": "order 1234"})
     async with client.post("/v1/webhooks/demo", data=body,
                            headers=standard(body, "msg_early")) as accepted:
         assert accepted.status == 202
-        webhook = (await accepted.json())["item_id"]
+        return str((await accepted.json())["item_id"])
+
+
+async def test_300_high_jobs_of_a_client_do_not_pass_an_earlier_webhook(
+        client: Any, runtime: Runtime) -> None:
+    webhook = await _early_webhook(client)
     plain = await _key(runtime, "jobs:write")
     for n in range(300):
         async with client.post("/v1/jobs", headers=plain, json={
@@ -55,11 +60,7 @@ async def test_300_jobs_typed_for_a_bonus_do_not_pass_an_earlier_webhook(
     """The type bonus (``api_docs`` 5, ``code`` 3: 50-83 minutes of queue age) is priority
     too: a client without the grant once put 300 ``"type": "api_docs"`` jobs ahead of an
     earlier webhook. Refused like ``high``; a granted credential still has it."""
-    body = body_of({"type": "order.created", "text": "order 1234"})
-    async with client.post("/v1/webhooks/demo", data=body,
-                           headers=standard(body, "msg_early")) as accepted:
-        assert accepted.status == 202
-        webhook = (await accepted.json())["item_id"]
+    webhook = await _early_webhook(client)
     plain = await _key(runtime, "jobs:write")
     for n in range(300):
         async with client.post("/v1/jobs", headers=plain, json={
