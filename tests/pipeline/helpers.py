@@ -18,11 +18,11 @@ FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05
 
 
 @contextlib.asynccontextmanager
-async def workers(runtime: Any) -> AsyncIterator[None]:
+async def workers(runtime: Any, concurrency: int = 2) -> AsyncIterator[None]:
     """Every stage's workers (fast timings) running for the block; stopped and waited for
     (10 s at most) when it ends."""
     stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=2))
+    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=concurrency))
     try:
         yield
     finally:

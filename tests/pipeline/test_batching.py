@@ -17,7 +17,7 @@ from gateway.pipeline.handlers import StageContext
 from gateway.pipeline.worker import WorkerConfig
 from gateway.stores.runtime import Runtime
 from tests.helpers import wait_until
-from tests.pipeline.test_worker import FAST
+from tests.pipeline.helpers import FAST
 
 
 def test_the_size_is_what_fits_in_the_time_between_one_and_the_most() -> None:

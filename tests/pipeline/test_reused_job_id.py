@@ -5,32 +5,19 @@ its first run finished."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-from gateway.app.worker import run_workers
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import job_status
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.helpers import wait_until
-from tests.pipeline.test_worker import FAST
+from tests.pipeline.helpers import workers
 
 JOB_ID = "weekly-report"
-
-
-@contextlib.asynccontextmanager
-async def _workers(runtime: Runtime) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(runtime, stop, config=FAST, concurrency=1))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def _stage_rows(rt: Runtime) -> list[str]:
@@ -52,7 +39,7 @@ async def test_a_job_id_reused_3_5_s_after_its_run_with_a_2_s_window_runs_again(
 
         assert await submit("first edition about #alpha lighthouses") == (
             202, {"status": "accepted", "item_id": JOB_ID})
-        async with _workers(rt):
+        async with workers(rt, concurrency=1):
             await wait_until(lambda: _done(rt), timeout=20, message="the first run")
         finished = time.monotonic()
         assert await _stage_rows(rt) == list(STAGES)
@@ -60,7 +47,7 @@ async def test_a_job_id_reused_3_5_s_after_its_run_with_a_2_s_window_runs_again(
         await asyncio.sleep(finished + 3.5 - time.monotonic())  # the scenario's own timing
         assert await submit("second edition about #beta submarines") == (
             202, {"status": "accepted", "item_id": JOB_ID})
-        async with _workers(rt):
+        async with workers(rt, concurrency=1):
             await wait_until(lambda: _ran_twice(rt), timeout=20,
                              message="every stage of the second run in the feed")
 

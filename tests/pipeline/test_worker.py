@@ -19,10 +19,8 @@ from gateway.pipeline.stages import STAGES, dead_key, meta_key, seen_key
 from gateway.pipeline.status import job_status, queue_depths
 from gateway.pipeline.worker import StageWorker, WorkerConfig
 from tests.helpers import registry_violations, wait_until
-from tests.pipeline.helpers import store_reclaimed
+from tests.pipeline.helpers import FAST, store_reclaimed
 
-FAST = WorkerConfig(lease=2.0, heartbeat=0.3, reclaim_interval=0.2, backoff=0.05,
-                    backoff_cap=0.2, idle_max=0.05, shutdown_grace=5)
 TEXT = ("Read https://example.org/guide. Thanks @alice and @bob!\n\n"
         "Tagged #python #asyncio. Redis queues and PostgreSQL journals.")
 

@@ -234,7 +234,7 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
     from gateway.pipeline import queue
     from gateway.pipeline.stages import STAGES, stats_key
     from gateway.push import sequencer as sequencer_module
-    from tests.pipeline.test_worker import FAST
+    from tests.pipeline.helpers import FAST
 
     real = feed.number_pending
     broken = True
