@@ -285,15 +285,18 @@ class FakeServer:
         """Wait (with a deadline) until ``predicate()`` is truthy; see ``wait_until``."""
         return await wait_until(predicate, timeout=timeout, message=message)
 
+    async def wait_for_count(self, found: Callable[[], list[T]], count: int, timeout: float,
+                             message: str) -> list[T]:
+        """Wait until ``found()`` holds at least ``count`` entries; return them."""
+
+        def enough() -> list[T]:
+            entries = found()
+            return entries if len(entries) >= count else []
+
+        return await wait_until(enough, timeout=timeout, message=message)
+
     async def wait_for_calls(self, method: str, count: int = 1, timeout: float = 5.0) -> list[Call]:
         """Wait until ``method`` was called at least ``count`` times; return those calls."""
-
-        def enough() -> list[Call]:
-            found = self.calls_to(method)
-            return found if len(found) >= count else []
-
-        return await wait_until(
-            enough,
-            timeout=timeout,
-            message=f"{count} call(s) to {method}; saw {self.method_names()}",
-        )
+        return await self.wait_for_count(
+            lambda: self.calls_to(method), count, timeout,
+            f"{count} call(s) to {method}; saw {self.method_names()}")

@@ -286,14 +286,8 @@ class FakeMattermost(FakeServer):
         self, count: int = 1, channel_id: str | None = None, timeout: float = 5.0
     ) -> list[dict[str, Any]]:
         """Wait until the bot created at least ``count`` posts (in ``channel_id``); return them."""
-
-        def enough() -> list[dict[str, Any]]:
-            found = self.replies(channel_id)
-            return found if len(found) >= count else []
-
-        return await self.wait_for(
-            enough, timeout=timeout, message=f"{count} replies in {channel_id}"
-        )
+        return await self.wait_for_count(
+            lambda: self.replies(channel_id), count, timeout, f"{count} replies in {channel_id}")
 
     def fail_next(
         self, endpoint: str, status: int = 429, retry_after: int = 1, count: int = 1

@@ -331,27 +331,16 @@ class FakeSlack(FakeServer):
         self, count: int = 1, channel: str | None = None, timeout: float = 5.0
     ) -> list[dict[str, Any]]:
         """Wait until at least ``count`` chat.postMessage calls (to ``channel``); return them."""
-
-        def enough() -> list[dict[str, Any]]:
-            found = self.posted_messages(channel)
-            return found if len(found) >= count else []
-
-        return await self.wait_for(
-            enough,
-            timeout=timeout,
-            message=f"{count} chat.postMessage to {channel}; calls {self.method_names()}",
-        )
+        return await self.wait_for_count(
+            lambda: self.posted_messages(channel), count, timeout,
+            f"{count} chat.postMessage to {channel}; calls {self.method_names()}")
 
     async def wait_for_responses(
         self, count: int = 1, timeout: float = 5.0
     ) -> list[dict[str, Any]]:
         """Wait until at least ``count`` response_url POSTs arrived; return them."""
-
-        def enough() -> list[dict[str, Any]]:
-            found = self.responses()
-            return found if len(found) >= count else []
-
-        return await self.wait_for(enough, timeout=timeout, message=f"{count} response_url POSTs")
+        return await self.wait_for_count(
+            self.responses, count, timeout, f"{count} response_url POSTs")
 
     def add_message(
         self,

@@ -196,16 +196,9 @@ class FakeTelegram(FakeServer):
         self, count: int = 1, chat_id: int | str | None = None, timeout: float = 5.0
     ) -> list[dict[str, Any]]:
         """Wait until at least ``count`` messages were sent (to ``chat_id``); return them."""
-
-        def enough() -> list[dict[str, Any]]:
-            found = self.sent_messages(chat_id)
-            return found if len(found) >= count else []
-
-        return await self.wait_for(
-            enough,
-            timeout=timeout,
-            message=f"{count} sendMessage to {chat_id}; calls {self.method_names()}",
-        )
+        return await self.wait_for_count(
+            lambda: self.sent_messages(chat_id), count, timeout,
+            f"{count} sendMessage to {chat_id}; calls {self.method_names()}")
 
     def fail_next(
         self,
