@@ -13,6 +13,7 @@ way Slack does (``v0=`` HMAC-SHA256 over ``v0:{ts}:{body}``).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -394,6 +395,11 @@ class FakeSlack(FakeServer):
             ),
         )
 
+    def answer_late(self, method: str, seconds: float, *, count: int = 1) -> None:
+        """The next ``count`` calls of ``method`` take effect at once (a message is stored)
+        and are answered ``seconds`` late: a caller killed meanwhile never saw its answer."""
+        self._queue_fault(method, Fault(status=0, delay=seconds, remaining=count))
+
     # server ----------------------------------------------------------------
     def build_app(self) -> web.Application:
         app = web.Application()
@@ -425,7 +431,7 @@ class FakeSlack(FakeServer):
         token = self._bearer(request) or params.get("token")
         self.record(method, params, request, token=token)
         fault = self.take_fault(method)
-        if fault is not None:
+        if fault is not None and fault.status:
             return self._fault_response(fault)
         if self.token is not None:
             if not token:
@@ -441,6 +447,8 @@ class FakeSlack(FakeServer):
             result = await handler(params)
         except SlackApiFailure as exc:
             return json_response({"ok": False, "error": exc.error}, status=exc.status)
+        if fault is not None:  # answer_late: done, answered later
+            await asyncio.sleep(fault.delay)
         return json_response({"ok": True, **result})
 
     async def _handle_response_url(self, request: web.Request) -> web.Response:

@@ -18,7 +18,9 @@ from gateway.stores.runtime import Runtime
 from tests.conftest import TEST_ADMIN_TOKEN, ServerSet
 from tests.fakes import FakeSlack, FakeTelegram
 from tests.fakes.receiver import Receiver
+from tests.fakes.slack import CHANNEL_ID
 from tests.helpers import wait_until
+from tests.notifications.test_chats import lines_of
 from tests.replicas.fleet import Fleet, fleet_env
 
 CONFIG = """
@@ -95,6 +97,36 @@ async def test_kill_9_of_every_process_mid_delivery_loses_no_row(
         assert sorted(set(ids), key=lambda i: int(i.split(":")[1])) == [
             f"k:{e}" for e in range(1, EVENTS + 1)]
         assert in_order_with_one_repeat_at_most(ids), ids
+
+
+@pytest.mark.slow
+async def test_kill_9_mid_chat_post_shows_every_line_once(fleet: Fleet,
+                                                          fake_slack: FakeSlack) -> None:
+    """The first post reaches Slack but its answer comes 5 s late: every process is killed
+    meanwhile. The next holder finds that post by its mark and goes on; the channel shows each
+    row's line once, in order (later rows as digests: Slack takes 1 message/s per channel)."""
+    await fleet.start(serves=2, workers=0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        await fleet.wait_ready(http)
+        async with http.post(f"{fleet.url()}/v1/subscriptions", headers=ADMIN, json={
+                "topic": "c", "after": 0, "template": "{text}",
+                "destination": {"type": "slack", "channel": CHANNEL_ID}}) as r:
+            assert r.status == 201, await r.text()
+        fake_slack.answer_late("chat.postMessage", 5.0)
+        expected = [f"r{n}" for n in range(20)]
+        for text in expected:
+            async with http.post(f"{fleet.url()}/v1/topics/c/events", headers=ADMIN,
+                                 json={"text": text}) as r:
+                assert r.status == 202
+        await fake_slack.wait_for_posts(1, CHANNEL_ID, timeout=30)
+        killed = await fleet.kill_all()  # the first post's answer is still 5 s away
+        assert all(p.returncode == -9 for p in killed)
+        assert len(fake_slack.posted_texts(CHANNEL_ID)) == 1
+        await fleet.start(serves=2, workers=0)
+        await wait_until(
+            lambda: set(expected) <= set(lines_of(fake_slack.posted_texts(CHANNEL_ID))),
+            timeout=60, message="every row's line in the channel after the restart")
+    assert lines_of(fake_slack.posted_texts(CHANNEL_ID)) == expected
 
 
 async def all_hold(http: aiohttp.ClientSession, fleet: Fleet) -> bool:
