@@ -1,6 +1,9 @@
 """Conversation service and rl: limiter throughput, each against a baseline in the same run.
 
-Run from the repository root: ``python bench/conversations.py [--messages 1000] [--chats 50]``.
+Run from the repository root: ``python bench/conversations.py [--messages 1000] [--chats 50]
+[--profile FILE]``. ``--profile``: cProfile over every round's inbox "arrival to answered"
+run, the top functions by own and cumulative time written to FILE (FILE.prof: the raw
+stats, for ``python -m pstats``).
 
 1. Limiter: ``Limiter.check`` (the sliding-window Lua script on Redis TIME) vs a plain
    ``SET key NX EX`` (the cheapest useful Redis write), same number of calls, same 32
@@ -10,16 +13,14 @@ Run from the repository root: ``python bench/conversations.py [--messages 1000] 
    floor the service cannot go below: per message, one PostgreSQL transaction inserting one
    conversation message and its feed row. Same concurrency (one coroutine per chat). Limits
    are set high so the limiter admits everything (we measure its cost, not its waiting).
-3. Round trips per message (once, after the rounds): the same two workloads on a second
-   Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
-   the figure is what crossed the network, not what the code claims.
-
 3. Inbox: the chat path as the adapters run it. Per message ``Inbox.push`` (the claim and
    the entry in one script: what happens before the platform's 2xx), then the consumer
    leases the chat and (a) only stores the message and its feed row ("arrival to stored")
    or (b) runs the whole ``handle_leased`` (store, default handler, reply, limiter, send,
    settle) and acknowledges, vs the same bare baseline.
-4. Round trips per message, counted by proxies in front of each store (``bench/rtt.py``).
+4. Round trips per message (once, after the rounds): the same workloads on a second
+   Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
+   the figure is what crossed the network, not what the code claims.
 
 Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
 """
@@ -29,11 +30,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import dataclasses
+import io
 import itertools
+import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -98,6 +103,42 @@ async def inbox_run(rt: Runtime, prefix: str, chats: int, per_chat: int,
     stop.set()
     await consumer
     return total / elapsed
+
+
+class Profiler:
+    """cProfile around chosen runs (``--profile``): what the process spends per message."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.profile = cProfile.Profile() if path else None
+        self.messages = 0
+
+    @contextlib.contextmanager
+    def run(self, messages: int) -> Iterator[None]:
+        if self.profile is None:
+            yield
+            return
+        self.profile.enable()
+        try:
+            yield
+        finally:
+            self.profile.disable()
+            self.messages += messages
+
+    def write(self, top: int = 30) -> None:
+        if self.profile is None or not self.path or not self.messages:
+            return
+        out = io.StringIO()
+        stats = pstats.Stats(self.profile, stream=out)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        out.write(f"{self.messages} messages, {total / self.messages * 1e6:.0f} us of "
+                  "profiled CPU per message (cProfile inflates it)\n")
+        for key in ("tottime", "cumulative"):
+            stats.sort_stats(key).print_stats(top)
+        Path(self.path).write_text(out.getvalue())
+        self.profile.dump_stats(f"{self.path}.prof")  # for pstats: callers, callees
+        print(f"profile: {self.path} ({total / self.messages * 1e6:.0f} us per message "
+              "under cProfile)")
 
 
 async def limiter_round(rt: Runtime, calls: int) -> tuple[float, float]:
@@ -248,6 +289,7 @@ async def round_trips_per_message(settings: Settings, messages: int = 200,
 
 
 async def main_async(args: argparse.Namespace, root: Path) -> None:
+    profiler = Profiler(args.profile)
     async with embedded_runtime(root, SECTIONS, pg_max_size=args.chats + 2) as rt:
         for round_no in range(1, args.rounds + 1):
             limited, plain = await limiter_round(rt, args.calls)
@@ -259,10 +301,12 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                   f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
             per_chat = args.messages // args.chats
             stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
-            whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
+            with profiler.run(per_chat * args.chats):
+                whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
             print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
                   f"{stored / bare:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
                   f"{whole / bare:.2f}) vs bare insert+feed")
+        profiler.write()
         await round_trips_per_message(rt.settings)
 
 
@@ -272,6 +316,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000)
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="cProfile the inbox arrival-to-answered runs; top costs to FILE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gwb-") as root:
         asyncio.run(main_async(args, Path(root)))
