@@ -116,6 +116,9 @@ class Settings:
     max_edges_per_document: int = 1000
     # "aof": a write to redis-durable is acknowledged only once WAITAOF confirms it on disk.
     durable_ack: str = "none"
+    # How many hash tags the inboxes' keys spread over (1: the one ``{inbox}`` tag): on
+    # Redis Cluster, more masters share the chat traffic.
+    inbox_shards: int = 1
     # Access tokens (JWT): HS256 with the secret, and/or keys of an identity provider's JWKS.
     jwt_secret: Secret | None = None
     jwt_jwks_url: str | None = None
@@ -198,6 +201,16 @@ def _parse_count(name: str, value: str) -> int:
     count = _parse_int(name, value)
     if count <= 0:
         raise ConfigError(name, f"must be a positive whole number (got {count})")
+    return count
+
+
+MAX_SHARDS = 64  # per queue: every worker and consumer polls each shard in turn
+
+
+def _parse_shards(name: str, value: str) -> int:
+    count = _parse_count(name, value)
+    if count > MAX_SHARDS:
+        raise ConfigError(name, f"must be at most {MAX_SHARDS} (got {count})")
     return count
 
 
@@ -295,6 +308,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_MAX_CHUNKS_PER_DOCUMENT": ("max_chunks_per_document", _parse_count),
     "GATEWAY_MAX_EDGES_PER_DOCUMENT": ("max_edges_per_document", _parse_count),
     "GATEWAY_DURABLE_ACK": ("durable_ack", _parse_durable_ack),
+    "GATEWAY_INBOX_SHARDS": ("inbox_shards", _parse_shards),
     "GATEWAY_JWT_SECRET": ("jwt_secret", _parse_secret),
     "GATEWAY_JWT_JWKS_URL": ("jwt_jwks_url", _parse_http_url),
     "GATEWAY_JWT_ISSUER": ("jwt_issuer", _parse_text),

@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 Instance = Literal["durable", "cache"]
 
@@ -19,6 +22,47 @@ Instance = Literal["durable", "cache"]
 PIPELINE_TAG = "{pipeline}"
 # Every inbox key carries this one: TAKE/ACK/RECLAIM touch a platform's sets and chat lists.
 INBOX_TAG = "{inbox}"
+# How many candidate tags ``shard_tag`` tries for a shard: the nearest of 512 lands within
+# ~16 slots of its target.
+_TAG_CANDIDATES = 512
+
+
+@lru_cache(maxsize=256)
+def shard_tag(tag: str, index: int, count: int) -> str:
+    """The hash tag of shard ``index`` of ``count`` for the keys tagged ``tag`` (``{pipeline}``,
+    ``{inbox}``). Shard 0 keeps ``tag`` itself, so one shard is today's layout exactly and the
+    keys written before sharding are shard 0's. Shard i > 0 is ``{<name>:<i>:<k>}`` with the
+    smallest ``k`` whose Redis Cluster slot is nearest to shard 0's slot + i/count of the slot
+    space: the shards' slots are evenly spaced, so on a cluster whose masters own equal
+    contiguous slot ranges (``redis-cli --cluster create``) a shard count that is a multiple of
+    the masters puts the same number of shards on each (docs/architecture.md, 3.4)."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index} of {count}")
+    if index == 0:
+        return tag
+    name = tag.strip("{}")
+    target = (key_slot(tag.encode()) + index * REDIS_CLUSTER_HASH_SLOTS // count) \
+        % REDIS_CLUSTER_HASH_SLOTS
+
+    def distance(candidate: str) -> int:
+        apart = abs(key_slot(candidate.encode()) - target)
+        return min(apart, REDIS_CLUSTER_HASH_SLOTS - apart)
+
+    return min((f"{{{name}:{index}:{k}}}" for k in range(_TAG_CANDIDATES)), key=distance)
+
+
+def shard_tags(tag: str, count: int) -> tuple[str, ...]:
+    """Every shard's tag, shard 0 (``tag``) first."""
+    return tuple(shard_tag(tag, index, count) for index in range(count))
+
+
+def shard_index(ident: str, count: int) -> int:
+    """The shard an item or chat id belongs to: a stable hash (BLAKE2b, not the CRC-32 that
+    picks a pipeline item's dedup bucket, so the two choices are independent)."""
+    if count <= 1:
+        return 0
+    digest = hashlib.blake2b(ident.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
 
 
 @dataclass(frozen=True)
@@ -104,14 +148,16 @@ def _join(namespace: str, *parts: object) -> str:
 
 # --- durable -----------------------------------------------------------------------------
 
-def q(*parts: object) -> str:
-    """A pipeline key: ``q:{pipeline}:<parts>``; one hash tag for every pipeline key."""
-    return _join("q:", PIPELINE_TAG, *parts)
+def q(*parts: object, tag: str = PIPELINE_TAG) -> str:
+    """A pipeline key: ``q:<tag>:<parts>``; one hash tag for every key of a shard
+    (``{pipeline}``: shard 0, ``shard_tag``)."""
+    return _join("q:", tag, *parts)
 
 
-def inbox(platform: str, *parts: object) -> str:
-    """An inbox key: ``inbox:{inbox}:<platform>:<parts>``; one hash tag for all of them."""
-    return _join("inbox:", INBOX_TAG, platform, *parts)
+def inbox(platform: str, *parts: object, tag: str = INBOX_TAG) -> str:
+    """An inbox key: ``inbox:<tag>:<platform>:<parts>``; one hash tag for every key of a
+    shard (``{inbox}``: shard 0, ``shard_tag``)."""
+    return _join("inbox:", tag, platform, *parts)
 
 
 def rl(*parts: object) -> str:

@@ -43,7 +43,8 @@ class PlatformInbox:
                  process: Process | None = None) -> None:
         limits, config = configs(runtime.settings)
         self.runtime = runtime
-        self.queue = Inbox(runtime.durable, platform, limits, durable_pipeline(runtime))
+        self.queue = Inbox(runtime.durable, platform, limits, durable_pipeline(runtime),
+                           shards=runtime.settings.inbox_shards)
         self.consumer = InboxConsumer(runtime, self.queue, sender_for,
                                       process or self._process, config)
 

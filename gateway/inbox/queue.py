@@ -15,6 +15,10 @@ that meets a claim still ``in-progress`` is answered ``IN_PROGRESS`` (the route'
 a platform told "done" would never send the event again. A process that dies between the two
 leaves a claim that expires within ``CLAIM_SECONDS``, after which the platform's retry is
 accepted.
+
+Shards (``GATEWAY_INBOX_SHARDS``): the keys spread over N hash tags, a chat's all in the shard
+its id hashes to, so on Redis Cluster N masters share the traffic and every script still
+touches one slot. Shard 0 is today's ``{inbox}``.
 """
 
 from __future__ import annotations
@@ -73,29 +77,56 @@ def new_token() -> str:
     return secrets.token_hex(8)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One shard's keys: everything TAKE/ACK/RELEASE/RECLAIM touch together shares its tag."""
+
+    ready: str
+    leases: str
+    owners: str
+    failures: str
+    dead: str
+    sent: str
+    takes: str
+    prefix: str  # + chat = the chat's entry list
+
+    @classmethod
+    def of(cls, platform: str, tag: str) -> Shard:
+        def key(*parts: str) -> str:
+            return keys.inbox(platform, *parts, tag=tag)
+        return cls(key("ready"), key("leases"), key("owners"), key("failures"), key("dead"),
+                   key("sent"), key("takes"), key("chat", ""))
+
+
 class Inbox:
     def __init__(self, redis: AnyRedis, platform: str,
-                 limits: InboxLimits | None = None, auto: AutoPipeline | None = None) -> None:
+                 limits: InboxLimits | None = None, auto: AutoPipeline | None = None,
+                 shards: int = 1) -> None:
         """``auto``: the per-message commands (push, ack, the checks around a send) of
-        concurrent callers then share round trips and connections."""
+        concurrent callers then share round trips and connections. ``shards``: how many hash
+        tags the chats spread over (``GATEWAY_INBOX_SHARDS``; 1 = the ``{inbox}`` keys
+        alone); a chat's keys are all in the shard its id hashes to."""
         self.redis = redis
         self.auto = auto or AutoPipeline(redis)
         self.platform = platform
         self.limits = limits or InboxLimits()
         self.cluster = isinstance(redis, RedisCluster)
         self._scripts = inbox_scripts(redis)
-        self.ready = keys.inbox(platform, "ready")
-        self.leases = keys.inbox(platform, "leases")
-        self.owners = keys.inbox(platform, "owners")
-        self.failures = keys.inbox(platform, "failures")
-        self.dead = keys.inbox(platform, "dead")
-        self.sent = keys.inbox(platform, "sent")
-        self.takes = keys.inbox(platform, "takes")
-        self.prefix = keys.inbox(platform, "chat", "")
+        self.shards = tuple(Shard.of(platform, tag)
+                            for tag in keys.shard_tags(keys.INBOX_TAG, shards))
+        self._next_take = 0  # the shard the next TAKE starts at: each poll begins elsewhere
+        # Chats held from a shard other than the one their id hashes to (entries pushed
+        # before the shard count changed, e.g. under ``{inbox}`` alone): what follows a TAKE
+        # goes to the shard the chat was taken from.
+        self._moved: dict[str, Shard] = {}
         self._lease_ms = str(int(self.limits.lease_seconds * 1000))
 
+    def shard(self, chat: str) -> Shard:
+        """The shard of a chat: the one it was taken from while held, else its id's."""
+        return self._moved.get(chat) or self.shards[keys.shard_index(chat, len(self.shards))]
+
     def chat_list(self, chat: str) -> str:
-        return self.prefix + chat
+        return self.shard(chat).prefix + chat
 
     # --- producers -----------------------------------------------------------------------
 
@@ -103,7 +134,8 @@ class Inbox:
         """Make ``entry`` durable behind the claim ``claim_key`` (None: no dedup)."""
         if claim_key is not None and self.cluster:
             return await self._claim_then_push(chat, entry, claim_key, ttl)
-        keys_ = [self.ready, self.leases, self.chat_list(chat)]
+        shard = self.shard(chat)
+        keys_ = [shard.ready, shard.leases, shard.prefix + chat]
         if claim_key is not None:
             keys_.append(claim_key)
         result = await self.auto.run_script(self._scripts.push, keys_, [
@@ -134,51 +166,76 @@ class Inbox:
     # --- consumers -----------------------------------------------------------------------
 
     async def take(self, token: str, count: int) -> list[Taken]:
-        flat = await self._scripts.take(
-            keys=[self.ready, self.leases, self.owners, self.failures, self.takes],
-            args=[token, self._lease_ms, count, self.prefix])
-        return [Taken(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]))
-                for i in range(0, len(flat), 3)]
+        """Lease up to ``count`` ready chats, longest waiting first within a shard. The shards
+        are asked in turn from a start that moves on by one every call (fair to all), the
+        next one only for what the previous could not give: one call on one shard."""
+        taken: list[Taken] = []
+        start, total = self._next_take, len(self.shards)
+        self._next_take = (start + 1) % total
+        for offset in range(total):
+            if len(taken) >= count:
+                break
+            shard = self.shards[(start + offset) % total]
+            flat = await self._scripts.take(
+                keys=[shard.ready, shard.leases, shard.owners, shard.failures, shard.takes],
+                args=[token, self._lease_ms, count - len(taken), shard.prefix])
+            for i in range(0, len(flat), 3):
+                taken.append(Taken(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2])))
+                self._moved.pop(taken[-1].chat, None)
+                if self.shard(taken[-1].chat) is not shard:
+                    self._moved[taken[-1].chat] = shard
+        return taken
 
     async def ack(self, chat: str, token: str, head: str) -> str | Lost | None:
         """Drop the processed head; the next entry (still leased to us), None when the chat
         is done, or ``Lost.LEASE``."""
+        shard = self.shard(chat)
         result = await self.auto.run_script(
             self._scripts.ack,
-            [self.leases, self.owners, self.failures, self.chat_list(chat), self.sent,
-             self.takes],
+            [shard.leases, shard.owners, shard.failures, shard.prefix + chat, shard.sent,
+             shard.takes],
             [chat, token, head, self._lease_ms])
         if result is None:
+            self._moved.pop(chat, None)
             return Lost.LEASE
         text = _text(result)
+        if not text:
+            self._moved.pop(chat, None)
         return text or None
 
     async def release(self, chat: str, token: str, *, delay: float, counted: bool,
                       at_once: bool = False) -> bool:
         """Give the chat back, ready after ``delay`` seconds; True when a counted failure
         moved its head to the dead letters (``at_once``: this failure does)."""
+        shard = self.shard(chat)
         result = await self._scripts.release(
-            keys=[self.ready, self.leases, self.owners, self.failures, self.chat_list(chat),
-                  self.dead, self.sent, self.takes],
+            keys=[shard.ready, shard.leases, shard.owners, shard.failures, shard.prefix + chat,
+                  shard.dead, shard.sent, shard.takes],
             args=[chat, token, int(delay * 1000), int(counted),
                   1 if at_once else self.limits.max_failures, self.limits.dead_max])
+        self._moved.pop(chat, None)
         return int(result) == 2
 
     async def renew(self, held: dict[str, str]) -> set[str]:
-        """Extend our leases (chat → token); the chats that are no longer ours."""
-        if not held:
-            return set()
-        args: list[Any] = [self._lease_ms]
+        """Extend our leases (chat → token); the chats that are no longer ours. One call per
+        shard that holds any of them."""
+        by_shard: dict[Shard, list[Any]] = {}
         for chat, token in held.items():
-            args += [chat, token]
-        lost = await self._scripts.renew(keys=[self.leases, self.owners], args=args)
-        return {_text(chat) for chat in lost}
+            by_shard.setdefault(self.shard(chat), [self._lease_ms]).extend((chat, token))
+        lost: set[str] = set()
+        for shard, args in by_shard.items():
+            lost.update(_text(chat) for chat in await self._scripts.renew(
+                keys=[shard.leases, shard.owners], args=args))
+        for chat in lost:
+            self._moved.pop(chat, None)
+        return lost
 
     async def before_send(self, chat: str, token: str) -> tuple[bool, str]:
         """(we still hold the chat, what ``mark_sent`` recorded about the head's reply or
         ""), in one round trip."""
-        owner, sent = await self.auto.batch([("HGET", self.owners, chat),
-                                             ("HGET", self.sent, chat)])
+        shard = self.shard(chat)
+        owner, sent = await self.auto.batch([("HGET", shard.owners, chat),
+                                             ("HGET", shard.sent, chat)])
         for reply in (owner, sent):
             if isinstance(reply, Exception):
                 raise reply
@@ -188,24 +245,30 @@ class Inbox:
         """Record how far the head's reply got (the consumer's fence writes the head's
         digest, with the id of the message showing it while it is being written): a retry
         of the head must not send it again. ACK forgets it."""
-        await self.auto.execute("HSET", self.sent, chat, value)
+        await self.auto.execute("HSET", self.shard(chat).sent, chat, value)
 
     async def reclaim(self, limit: int = 100) -> int:
-        return int(await self._scripts.reclaim(
-            keys=[self.ready, self.leases, self.owners, self.failures, self.dead, self.sent,
-                  self.takes],
-            args=[limit, self.limits.max_failures, self.limits.dead_max, self.prefix]))
+        """Make the chats of expired leases ready again, up to ``limit`` per shard."""
+        reclaimed = 0
+        for shard in self.shards:
+            reclaimed += int(await self._scripts.reclaim(
+                keys=[shard.ready, shard.leases, shard.owners, shard.failures, shard.dead,
+                      shard.sent, shard.takes],
+                args=[limit, self.limits.max_failures, self.limits.dead_max, shard.prefix]))
+        return reclaimed
 
     # --- operators -----------------------------------------------------------------------
 
     async def depth(self) -> dict[str, int]:
-        """Chats waiting, chats being processed, dead letters."""
+        """Chats waiting, chats being processed, dead letters (summed over the shards)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(self.ready)
-            pipe.zcard(self.leases)
-            pipe.llen(self.dead)
-            ready, leased, dead = await pipe.execute()
-        return {"ready_chats": int(ready), "leased_chats": int(leased), "dead": int(dead)}
+            for shard in self.shards:
+                pipe.zcard(shard.ready)
+                pipe.zcard(shard.leases)
+                pipe.llen(shard.dead)
+            replies = [int(reply) for reply in await pipe.execute()]
+        return {"ready_chats": sum(replies[0::3]), "leased_chats": sum(replies[1::3]),
+                "dead": sum(replies[2::3])}
 
 
 _PUSHED = {1: Pushed.ACCEPTED, 0: Pushed.DUPLICATE, -1: Pushed.FULL}

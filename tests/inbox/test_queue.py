@@ -161,7 +161,7 @@ async def test_a_dead_lettered_head_leaves_no_sent_record(runtime: Runtime) -> N
             assert await box.release(chat, "t", delay=0, counted=True)
         else:
             await wait_until(lambda: box.reclaim(), timeout=5)
-        assert await runtime.durable.hget(box.sent, chat) is None, ends
+        assert await runtime.durable.hget(box.shard(chat).sent, chat) is None, ends
     assert (await box.depth())["dead"] == 2
 
 
