@@ -4,7 +4,8 @@
 - ``vector``: the nearest chunks by cosine similarity (``vectors.nearest``);
 - ``text``: the best full-text matches (``text.matching``);
 - ``hybrid`` (the default): both lists, ``CANDIDATES`` deep each, fused by reciprocal rank:
-  a chunk's score is the sum over the lists it is in of ``1 / (RRF_K + its rank there)``.
+  a chunk's score is the sum over the lists it is in of ``1 / (RRF_K + its rank there)``,
+  in one statement (``hybrid``; ``fuse`` here when a filtered walk found too few).
   Ranks, not scores, are fused, so cosine similarities and ``ts_rank_cd`` values need no
   common scale; a chunk both lists found comes first, and an exact word (a name, a product
   code) the embedding model does not know still brings its chunk up through the text list.
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.knowledge import embedders, embedding, text, vectors
+from gateway.knowledge import embedders, embedding, hybrid, text, vectors
 from gateway.knowledge.owners import Readable
 
 MODES = ("vector", "text", "hybrid")
@@ -126,10 +127,24 @@ async def ranked(runtime: Any, query: str, limit: int, readable: Readable,
     if mode == "vector":
         return await _nearest(runtime, embedded, limit, readable, timeout)
     depth = max(limit, CANDIDATES)
-    # One after the other, on one client-read connection at a time: side by side, two
-    # searches held all four of the read pool's connections and the feed got 503s. A
-    # question of common words only is ranked by meaning alone: its text matches are most
-    # chunks, and would cost the most to rank.
+    vector, model = embedded
+    if vector.any():
+        rows = await hybrid.fused(runtime, query, vector, model, depth, limit, readable,
+                                  RRF_K, timeout)
+        if rows is not None:
+            return [_fused_hit(row) for row in rows]
+    # A filtered walk that found too few (or a query of no meaning): the two lists one after
+    # the other, on one client-read connection at a time (side by side, two searches held
+    # all four of the read pool's connections and the feed got 503s). A question of common
+    # words only is ranked by meaning alone: its text matches are most chunks, and would
+    # cost the most to rank.
     nearest = await _nearest(runtime, embedded, depth, readable, timeout)
     matching = await _matching(runtime, query, depth, readable, timeout, all_common=False)
     return fuse([nearest, matching], limit)
+
+
+def _fused_hit(row: Any) -> Hit:
+    hit = Hit.of(row, float(row["score"]))
+    hit.similarity = None if row["similarity"] is None else float(row["similarity"])
+    hit.matched = bool(row["matched"])
+    return hit

@@ -78,6 +78,21 @@ def tsquery_sql(text: TextSettings, query: str, common: str, all_common: bool = 
 RANKED_MAX = 500
 
 
+def matched_sql(text: TextSettings, where: str, query: str = "$1::text", limit: str = "$2",
+                common: str = "$3::text[]", all_common: bool = True) -> str:
+    """CTEs ``q`` (the tsquery), ``matches`` and ``matched``: rows ``(item_id, seq, body,
+    owner, rank)`` of the chunks where ``where`` holds whose words match ``query``, best
+    ``ts_rank_cd`` first, ``limit`` of them, the words of ``common`` left out of the query
+    (``all_common``: see ``tsquery_sql``)."""
+    tsquery = tsquery_sql(text, query, common, all_common)
+    return (f"q AS MATERIALIZED (SELECT {tsquery} AS q),"
+            " matches AS MATERIALIZED (SELECT c.item_id, c.seq, c.body, c.owner, c.tsv"
+            f" FROM pipeline_chunks c, q WHERE c.tsv @@ q.q AND {where} LIMIT {RANKED_MAX}),"
+            " matched AS MATERIALIZED (SELECT m.item_id, m.seq, m.body, m.owner,"
+            " ts_rank_cd(m.tsv, q.q) AS rank FROM matches m, q"
+            f" ORDER BY rank DESC, m.item_id, m.seq LIMIT {limit})")
+
+
 def ranked_sql(text: TextSettings, readable: Readable,
                all_common: bool = True) -> tuple[str, list[Any]]:
     """``(sql, parameters after $1, $2 and $3)``: the chunks ``readable`` allows whose words
@@ -85,15 +100,9 @@ def ranked_sql(text: TextSettings, readable: Readable,
     (the common ones) left out of the query (``all_common``: see ``tsquery_sql``); rows
     ``(item_id, seq, body, owner, title, url, score)`` as ``vectors.nearest_sql``'s."""
     where, params = readable.sql("c.owner", 4)
-    query = tsquery_sql(text, "$1::text", "$3::text[]", all_common)
-    sql = (f"WITH q AS MATERIALIZED (SELECT {query} AS q),"
-           " matches AS MATERIALIZED (SELECT c.item_id, c.seq, c.body, c.owner, c.tsv"
-           f" FROM pipeline_chunks c, q WHERE c.tsv @@ q.q AND {where} LIMIT {RANKED_MAX}),"
-           " found AS MATERIALIZED (SELECT m.item_id, m.seq, m.body, m.owner,"
-           " ts_rank_cd(m.tsv, q.q) AS rank FROM matches m, q"
-           " ORDER BY rank DESC, m.item_id, m.seq LIMIT $2)"
+    sql = (f"WITH {matched_sql(text, where, all_common=all_common)}"
            " SELECT f.item_id, f.seq, f.body, f.owner, doc.title, doc.url, f.rank AS score"
-           " FROM found f LEFT JOIN pipeline_documents doc ON doc.item_id = f.item_id"
+           " FROM matched f LEFT JOIN pipeline_documents doc ON doc.item_id = f.item_id"
            " ORDER BY f.rank DESC, f.item_id, f.seq")
     return sql, params
 

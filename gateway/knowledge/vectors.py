@@ -207,6 +207,24 @@ WHERE c.item_id = v.item_id AND c.seq = v.seq
 """
 
 
+def walk_sql(pgvector: bool, model: str, dimensions: int, where: str, vector: str = "$1",
+             limit: str = "$2", exact: bool = False) -> str:
+    """The ranking alone: rows ``(item_id, seq, body, owner, d)`` of the model's chunks
+    where ``where`` holds, by cosine distance ``d`` to the ``real[]`` expression ``vector``,
+    nearest first, ``limit`` of them (see ``nearest_sql``)."""
+    if pgvector:
+        distance = (f"embedding::vector({int(dimensions)}) <=> "
+                    f"{vector}::real[]::vector({int(dimensions)})")
+        order = f"({distance}) + 0" if exact else distance
+    else:
+        distance = ("1 - (SELECT sum(a * b)"
+                    f" FROM unnest(embedding, {vector}::real[]::float8[]) AS t(a, b))")
+        order = f"{distance}, item_id, seq"
+    return (f"SELECT item_id, seq, body, owner, {distance} AS d"
+            f" FROM pipeline_chunks WHERE embedder = '{model}' AND {where}"
+            f" ORDER BY {order} LIMIT {limit}")
+
+
 def nearest_sql(pgvector: bool, model: str, dimensions: int,
                 readable: Readable = EVERYTHING, exact: bool = False) -> tuple[str, list[Any]]:
     """``(sql, parameters after $1 and $2)``: rows ``(item_id, seq, body, owner, title, url,
@@ -216,20 +234,11 @@ def nearest_sql(pgvector: bool, model: str, dimensions: int,
     (the distance ordered by is no longer the indexed expression): an exact ranking of the
     readable chunks, through the ``(embedder, owner)`` index."""
     where, params = readable.sql("owner", 3)
-    if pgvector:
-        distance = (f"embedding::vector({int(dimensions)}) <=> "
-                    f"$1::real[]::vector({int(dimensions)})")
-        order = f"({distance}) + 0" if exact else distance
-    else:
-        distance = ("1 - (SELECT sum(a * b)"
-                    " FROM unnest(embedding, $1::real[]::float8[]) AS t(a, b))")
-        order = f"{distance}, item_id, seq"
     # MATERIALIZED: the ranking is planned alone (the index walk), the documents' titles
     # are joined to its few rows; the outer ORDER BY also puts the rows of an iterative
     # walk (pgvector's relaxed order) back in exact order.
-    sql = (f"WITH found AS MATERIALIZED (SELECT item_id, seq, body, owner, {distance} AS d"
-           f" FROM pipeline_chunks WHERE embedder = '{model}' AND {where}"
-           f" ORDER BY {order} LIMIT $2)"
+    walk = walk_sql(pgvector, model, dimensions, where, exact=exact)
+    sql = (f"WITH found AS MATERIALIZED ({walk})"
            " SELECT f.item_id, f.seq, f.body, f.owner, doc.title, doc.url, 1 - f.d AS score"
            " FROM found f LEFT JOIN pipeline_documents doc ON doc.item_id = f.item_id"
            " ORDER BY f.d, f.item_id, f.seq")
@@ -266,6 +275,17 @@ def walk_settings(found: Layout, limit: int, filtered: bool) -> list[str]:
     return statements
 
 
+async def fetch_walking(pool: Any, statements: list[str], sql: str, args: Sequence[Any],
+                        timeout: float | None) -> list[Any]:
+    """The rows of ``sql`` on one of ``pool``'s connections, after the ``SET LOCAL``
+    ``statements`` of ``walk_settings`` (in a transaction of its own when there are any)."""
+    if not statements:
+        return list(await pool.fetch(sql, *args, timeout=timeout))
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("; ".join(statements))
+        return list(await conn.fetch(sql, *args, timeout=timeout))
+
+
 async def nearest(runtime: Any, vector: np.ndarray, model: str, limit: int,
                   readable: Readable, timeout: float | None = None) -> list[Any]:
     """The ``limit`` chunks nearest to ``vector`` among those ``readable`` allows (on the
@@ -280,12 +300,7 @@ async def nearest(runtime: Any, vector: np.ndarray, model: str, limit: int,
     args = (vector.tolist(), limit, *params)
     statements = walk_settings(found, limit, not readable.everything) if found.pgvector else []
     pool = runtime.pg_reads
-    if not statements:
-        rows = list(await pool.fetch(sql, *args, timeout=timeout))
-    else:
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute("; ".join(statements))
-            rows = list(await conn.fetch(sql, *args, timeout=timeout))
+    rows = await fetch_walking(pool, statements, sql, args, timeout)
     if found.pgvector and len(rows) < limit and not readable.everything:
         exact, _ = nearest_sql(True, model, len(vector), readable, exact=True)
         rows = list(await pool.fetch(exact, *args, timeout=timeout))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.knowledge import ranking, text
-from gateway.knowledge.owners import EVERYTHING
+from gateway.knowledge import hybrid, ranking, text
+from gateway.knowledge.owners import EVERYTHING, Readable
 from gateway.stores.runtime import Runtime
 from gateway.web.app import create_app
 from tests.knowledge.indexing import index_many
@@ -89,3 +89,34 @@ async def test_a_question_of_only_common_words(runtime, corpus) -> None:
     assert len(found) == 5 and all(hit.matched for hit in found)
     hybrid = await ranking.ranked(runtime, "team leads", 5, EVERYTHING, "hybrid")
     assert len(hybrid) == 5 and not any(hit.matched for hit in hybrid)
+
+
+async def test_one_statement_ranks_as_the_two_lists_fused(runtime, corpus) -> None:
+    """Hybrid's one statement (``hybrid.fused``) answers what the two lists fused in the
+    process answer (``ranking.fuse``), for the admin and for a tenant reading half the
+    documents: the same chunks, scores and flags, and the tenant sees only its own."""
+    await runtime.pg.execute("UPDATE pipeline_chunks SET owner = CASE WHEN"
+                             " right(item_id, 1) IN ('0', '2', '4', '6', '8') THEN 'k.a'"
+                             " ELSE 'k.b' END")
+    own = Readable.of("k.a", ())
+    assert await runtime.pg.fetchval(
+        "SELECT count(*) FROM pipeline_chunks WHERE owner = 'k.a'") > ranking.CANDIDATES
+    for readable in (EVERYTHING, own):
+        for question in questions(corpus)[::7]:
+            embedded = await ranking.embed_query(runtime, question.text)
+            rows = await hybrid.fused(runtime, question.text, *embedded, ranking.CANDIDATES,
+                                      5, readable, ranking.RRF_K)
+            assert rows is not None  # the walk found its depth: no second way taken
+            one = await ranking.ranked(runtime, question.text, 5, readable,
+                                       embedded=embedded)
+            depth = ranking.CANDIDATES
+            two = ranking.fuse([
+                await ranking._nearest(runtime, embedded, depth, readable, None),
+                await ranking._matching(runtime, question.text, depth, readable, None,
+                                        all_common=False)], 5)
+
+            def seen(hits: list[ranking.Hit]) -> list[tuple[Any, ...]]:
+                return [(h.item_id, h.seq, h.owner, round(h.score, 12), h.matched,
+                         h.similarity and round(h.similarity, 6)) for h in hits]
+            assert seen(one) == seen(two) and len(one) == 5, question
+            assert readable.everything or {h.owner for h in one} == {"k.a"}
