@@ -4,7 +4,8 @@ after the destination took the row.
 The loop: find the next row after the cursor (the oldest first across the topics a prefix
 covers), skip it if its kind is not wanted, send it, and settle the outcome:
 - taken: move the cursor (and wait for that write) before the next row, so a process killed
-  at any point repeats at most the row in flight;
+  at any point repeats at most the row in flight; the next row is read and made ready to
+  send meanwhile, never sent;
 - ``429`` + ``Retry-After``: wait as asked, not a failure;
 - ``410``: pause with ``last_error``;
 - anything else: a failure of the head row, tried again after the schedule's next delay
@@ -47,6 +48,9 @@ STORE_RETRY_SECONDS = 1.0
 
 class Sender(Protocol):
     async def send(self, row: FeedRow) -> Outcome: ...
+
+    def prepare(self, row: FeedRow) -> None:
+        """Make ``row``'s request ready ahead of its send (which may never come)."""
 
 
 AnySender = Sender | ChatSender
@@ -253,7 +257,16 @@ class Runner:
         last = last or row
         if outcome.kind == "ok":
             self.delivered.inc()
-            await self._move(held, last.topic, last.offset, last.epoch, delivered=True)
+            # The next row of the topic is read and made ready to send (its body encoded,
+            # signed) while the cursor write is on its way; it is sent only after that write
+            # committed, like any row.
+            ahead = asyncio.create_task(self._ready_next(last))
+            try:
+                await self._move(held, last.topic, last.offset, last.epoch, delivered=True)
+            except BaseException:
+                ahead.cancel()
+                raise
+            await ahead
             return
         if outcome.kind == "wait":  # 429 + Retry-After: as asked, not a failure
             self.hold_until = time.time() + min(
@@ -306,6 +319,22 @@ class Runner:
         held.sending = None
         if delivered:
             held.failing_since = None
+
+    async def _ready_next(self, row: FeedRow) -> None:
+        """The row after ``row`` on its topic, read (a page at a time, into the shared rows)
+        and prepared by the sender; nothing is sent. Never raises: the next step reads it
+        again if this failed."""
+        epoch, head = self.context.heads.get(row.topic, (row.epoch, row.offset))
+        if epoch != row.epoch or head <= row.offset:
+            return
+        try:
+            found = await self.context.rows.after(row.topic, row.offset, row.epoch)
+            if (found is not None and found.epoch == row.epoch and self.held.wants(found.kind)
+                    and not isinstance(self.sender, ChatSender)):
+                self.sender.prepare(found)
+        except Exception as exc:  # a store outage: the next step meets it and says so
+            log.debug("subscription %s: reading ahead failed: %s", self.held.id,
+                      type(exc).__name__)
 
     async def _write_skipped(self) -> None:
         """Going idle: write the positions of rows skipped for their kind."""
