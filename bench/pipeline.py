@@ -14,6 +14,13 @@ All runs use the same embedded redis-durable (flushed between runs). Also report
 memory per queued item. Figures are recorded in docs/performance.md.
 
     python bench/pipeline.py [--items 5000] [--concurrency 2] [--batch 64] [--peer-concurrency 50]
+                             [--rounds 1] [--costs] [--no-peers]
+
+``--rounds N`` runs gateway, bare and bare-batch N times interleaved (the median is the
+figure; each round's ratios and load are printed); every gateway run also prints its CPU per
+item (this process, the Redis servers, PostgreSQL), which other load moves far less than
+the rates. ``--costs`` adds a gateway run with ``bench/pipeline_costs.py``'s accounting: per
+stage, the worker's CPU and its round trips to each store per item.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +37,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench import pipeline_costs
+from bench.ingest import cpu_seconds
+from bench.scale import tree_cpu
 from gateway.app.worker import run_workers
 from gateway.config import Settings
 from gateway.pipeline.handlers import StageContext
@@ -72,7 +83,19 @@ async def _enqueue_all(durable: Any, n: int) -> None:
             await pipe.execute()
 
 
-async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int) -> float:
+def store_cpu(servers: list[Any]) -> tuple[float, float]:
+    """CPU seconds so far of the Redis servers and of PostgreSQL (postmaster and its live
+    backends: read while the runtime's connections are open)."""
+    redis_cpu = sum(cpu_seconds(s.proc.pid) for s in servers
+                    if isinstance(s, embedded.RedisServer) and s.proc)
+    pg_cpu = sum(tree_cpu(s.proc.pid) for s in servers
+                 if isinstance(s, embedded.PostgresServer) and s.proc)
+    return redis_cpu, pg_cpu
+
+
+async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int,
+                      servers: list[Any]) -> tuple[float, tuple[float, float, float]]:
+    """Seconds for n items, and CPU µs per item of (this process, Redis, PostgreSQL)."""
     runtime = await open_runtime(settings, pg_max_size=min(4 * concurrency, 40) + 2)
     try:
         await _reset(runtime)
@@ -80,17 +103,20 @@ async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int) 
         stop = asyncio.Event()
         config = WorkerConfig(lease=90, heartbeat=30, reclaim_interval=60, idle_max=0.05,
                               batch=batch)
+        cpu_before = (time.process_time(), *store_cpu(servers))
         started = time.perf_counter()
         task = asyncio.create_task(run_workers(
             runtime, stop, concurrency=concurrency, config=config,
             handlers=dict.fromkeys(STAGES, noop)))
         await _wait_graph_done(runtime.durable, n)
         elapsed = time.perf_counter() - started
+        cpu = tuple(1e6 * (after - before) / n for after, before in
+                    zip((time.process_time(), *store_cpu(servers)), cpu_before, strict=True))
         stop.set()
         await task
         journaled = await runtime.pg.fetchval("SELECT count(*) FROM pipeline_journal")
         assert journaled == 4 * n, journaled
-        return elapsed
+        return elapsed, (cpu[0], cpu[1], cpu[2])
     finally:
         await runtime.close()
 
@@ -259,13 +285,21 @@ def main() -> int:
                         help="gateway and bare: coroutines per stage")
     parser.add_argument("--batch", type=int, default=64, help="gateway: items per transaction")
     parser.add_argument("--peer-concurrency", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="gateway, bare and bare-batch this many times, interleaved")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--costs", action="store_true",
+                        help="one more gateway run with per-stage CPU and round trips")
     parser.add_argument("--memory-only", action="store_true",
                         help="only the memory-per-item measurement")
     args = parser.parse_args()
     n = args.items
     root = Path(tempfile.mkdtemp(prefix="gwbench-pipe-"))
     servers: list[Any] = []
+    rounds: list[dict[str, float]] = []
+    cpus: list[tuple[float, float, float]] = []
+    costs: pipeline_costs.Costs | None = None
+    results: dict[str, float] = {}
     try:
         durable = embedded.RedisServer("durable", root / "durable",
                                        embedded.new_password()).start()
@@ -277,26 +311,53 @@ def main() -> int:
         asyncio.run(migrate_url(pg.url))
         settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
                            database_url=pg.url)
-        results: dict[str, float] = {}
-        if not args.memory_only:
-            results["gateway"] = asyncio.run(
-                run_gateway(settings, n, args.concurrency, args.batch))
-            results["bare"] = asyncio.run(run_bare(durable.url, n, args.concurrency))
-            results["bare-batch"] = asyncio.run(
-                run_bare(durable.url, n, args.concurrency, args.batch))
+        for _ in range(0 if args.memory_only else args.rounds):
+            seconds, cpu = asyncio.run(
+                run_gateway(settings, n, args.concurrency, args.batch, servers))
+            cpus.append(cpu)
+            rounds.append({"gateway": seconds,
+                           "bare": asyncio.run(run_bare(durable.url, n, args.concurrency)),
+                           "bare-batch": asyncio.run(run_bare(durable.url, n, args.concurrency,
+                                                              args.batch)),
+                           "load": os.getloadavg()[0]})
+        if rounds:
+            results = {name: sorted(r[name] for r in rounds)[len(rounds) // 2]
+                       for name in ("gateway", "bare", "bare-batch")}
         if not args.no_peers and not args.memory_only:
             for kind in ("saq", "arq"):
                 results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
+        if args.costs:
+            with pipeline_costs.measured({"redis-durable": durable.url, "redis-cache": cache.url,
+                                          "postgres": pg.url}) as costs:
+                asyncio.run(run_gateway(settings, n, args.concurrency, args.batch, servers))
         per_item, marginal, payload, by_kind = asyncio.run(
             memory_per_item(durable.url, n))
     finally:
         embedded.stop_all(servers)
+    report(args, results, rounds, cpus, costs)
+    print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
+          f"payload ({per_item - payload:.0f} bytes overhead); the next {n} items: "
+          f"{marginal:.0f} each ({marginal - payload:.0f} overhead)")
+    print("  MEMORY USAGE per item by key kind: " + ", ".join(
+        f"{kind} {size:.0f}" for kind, size in sorted(by_kind.items())))
+    return 0
+
+
+def report(args: argparse.Namespace, results: dict[str, float], rounds: list[dict[str, float]],
+           cpus: list[tuple[float, float, float]], costs: pipeline_costs.Costs | None) -> None:
+    """Rates (median seconds over the rounds), each round's ratios and load, CPU per item."""
+    n = args.items
     rates = {name: n / seconds for name, seconds in results.items()}
     print(f"{n} items x 4 stages, gateway/bare concurrency {args.concurrency}/stage, "
           f"peers {args.peer_concurrency}")
     for name, rate in rates.items():
-        print(f"  {name:8s} {rate:8.0f} items/s  {4 * rate:8.0f} handler runs/s  "
+        print(f"  {name:10s} {rate:8.0f} items/s  {4 * rate:8.0f} handler runs/s  "
               f"({results[name]:.2f} s)")
+    for i, (r, (worker, redis_cpu, pg_cpu)) in enumerate(zip(rounds, cpus, strict=True)):
+        print(f"  round {i + 1}: gateway / bare {r['bare'] / r['gateway']:.2f}, / bare-batch "
+              f"{r['bare-batch'] / r['gateway']:.2f}; gateway CPU per item: worker "
+              f"{worker:.0f} us, redis {redis_cpu:.0f}, postgres {pg_cpu:.0f}, all "
+              f"{worker + redis_cpu + pg_cpu:.0f}; load {r['load']:.1f}")
     if "gateway" in rates:
         gw = rates["gateway"]
         print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}  "
@@ -304,12 +365,10 @@ def main() -> int:
         for peer in ("saq", "arq"):
             if peer in rates:
                 print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
-    print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
-          f"payload ({per_item - payload:.0f} bytes overhead); the next {n} items: "
-          f"{marginal:.0f} each ({marginal - payload:.0f} overhead)")
-    print("  MEMORY USAGE per item by key kind: " + ", ".join(
-        f"{kind} {size:.0f}" for kind, size in sorted(by_kind.items())))
-    return 0
+    if costs is not None:
+        print("  per stage (a run of its own, callbacks timed): worker CPU and round trips "
+              "per item")
+        print("\n".join(costs.table(n)))
 
 
 if __name__ == "__main__":
