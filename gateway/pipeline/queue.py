@@ -246,17 +246,39 @@ async def complete(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
 
 
 async def complete_many(durable: AnyRedis, leases: list[LeasedItem]) -> list[LeaseResult]:
-    """COMPLETE several leases in one round trip (one script call each, in a pipeline)."""
+    """COMPLETE several leases in one round trip: one script call per FETCH's batch (the
+    leases of one stage under one token), several batches in a pipeline."""
     if len(leases) == 1:
         keys, args = _complete_lease(leases[0])
         return [LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))]
+    batches: dict[tuple[str, str], list[int]] = {}  # (stage, token) -> indexes in leases
+    for i, lease in enumerate(leases):
+        batches.setdefault((lease.stage, lease.token), []).append(i)
+    calls = [_complete_batch([leases[i] for i in batch]) for batch in batches.values()]
     script = scripts_for(durable).complete
-    async with durable.pipeline(transaction=False) as pipe:
-        for lease in leases:
-            keys, args = _complete_lease(lease)
-            await script(keys=keys, args=args, client=pipe)
-        replies = await pipe.execute()
-    return [LeaseResult(int(r)) for r in replies]
+    if len(calls) == 1:
+        replies = [await script(keys=calls[0][0], args=calls[0][1])]
+    else:
+        async with durable.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+    results: list[LeaseResult] = [LeaseResult.OK] * len(leases)
+    for batch, reply in zip(batches.values(), replies, strict=True):
+        for i, code in zip(batch, reply if isinstance(reply, list) else [reply], strict=True):
+            results[i] = LeaseResult(int(code))
+    return results
+
+
+def _complete_batch(batch: list[LeasedItem]) -> tuple[list[str], list[str]]:
+    """One COMPLETE call for leases of one stage and token: the first item's KEYS and ARGV
+    with every ready list of the next stage (the items' classes differ), the other items
+    after the ARGV."""
+    if len(batch) == 1:
+        return _complete_lease(batch[0])
+    first = batch[0]
+    keys, args = complete_call(first.stage, first.item_id, first.token)
+    return keys, args + [lease.item_id for lease in batch[1:]]
 
 
 async def release(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:

@@ -144,6 +144,24 @@ async def test_only_the_token_holder_acts(runtime):
     assert len(await ready_items(durable, "chunk")) == 1
 
 
+async def test_one_complete_call_for_a_batch_answers_per_item(runtime):
+    """A FETCH's batch is completed by one script call: each item goes to its own class in
+    the next stage, in priority order, and an item whose lease was lost meanwhile is refused
+    alone (its answer in its place, the others completed)."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "low", DOC)
+    await queue.enqueue(durable, "crit", DOC, priority="critical", doc_type="api_docs")
+    await queue.enqueue(durable, "mid", DOC, priority="high")
+    leases = await queue.fetch_many(durable, "store", "w1", 60_000, 3)
+    assert [lease.item_id for lease in leases] == ["crit", "mid", "low"]
+    await durable.hdel(inflight_key("store"), "mid")  # its lease is gone (as if reclaimed)
+    assert await queue.complete_many(durable, leases) == [
+        queue.LeaseResult.OK, queue.LeaseResult.NOT_LEASED, queue.LeaseResult.OK]
+    assert await ready_items(durable, "chunk") == ["crit", "low"]
+    assert await durable.llen(ready_class_key("chunk", 5)) == 1  # critical - api_docs
+    assert await queue.complete_many(durable, leases) == [queue.LeaseResult.NOT_LEASED] * 3
+
+
 async def test_zombie_complete_after_reclaim_is_refused(runtime):
     durable = runtime.durable
     await queue.enqueue(durable, "a", DOC)

@@ -2,9 +2,11 @@
 -- KEYS: lease, deadline, meta, stats, then either [next stats, the next stage's ready list of
 --       the item's class, or all of its ready lists] or, at the last stage, [held] (the item
 --       leaves the pipeline: its admission class gets its cost back)
--- ARGV: item, token, next_stage ('' = final), epoch_ms, drop_payload(0|1)
--- Returns 1, or -1 (no lease) / -2 (another token holds it).
-local item = ARGV[1]
+-- ARGV: item, token, next_stage ('' = final), epoch_ms, drop_payload(0|1)[, more items]
+-- Returns 1, or -1 (no lease) / -2 (another token holds it); with more items (leased under
+-- the same token: one FETCH's batch), a list of those answers, one per item in ARGV order,
+-- each item completed as if alone (the next stage's keys then hold all of its ready lists).
+local function complete(item)
 local code = check_lease(KEYS[1], item, ARGV[2])
 if code ~= 1 then return code end
 local m, list = nil, nil
@@ -29,3 +31,8 @@ meta_put(KEYS[3], item, m)
 redis.call('RPUSH', list, score(m, now_ms(), tonumber(ARGV[4])) .. '|' .. item)
 redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
 return 1
+end
+if #ARGV <= 5 then return complete(ARGV[1]) end
+local out = {complete(ARGV[1])}
+for i = 6, #ARGV do out[#out + 1] = complete(ARGV[i]) end
+return out
