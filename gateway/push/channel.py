@@ -13,6 +13,8 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -20,6 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 from gateway import keys
 from gateway.push import metrics
 from gateway.stores.redis import AnyRedis
+from gateway.stores.scripts import bound_scripts
 
 log = logging.getLogger("gateway.push")
 IDLE_CHANNEL = keys.push_channel("gateway.idle")
@@ -87,11 +90,9 @@ async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
                 # the signals in offset order (a round trip each, on a cluster only).
                 for signal in signals:
                     await cache.publish(*_publish_args(signal))
-            else:
-                async with cache.pipeline(transaction=False) as pipe:
-                    for signal in signals:
-                        pipe.publish(*_publish_args(signal))
-                    await pipe.execute()
+            else:  # one script call: one command to pack and one reply, not one each
+                await _scripts(cache).publish(
+                    keys=[], args=[arg for signal in signals for arg in _publish_args(signal)])
         metrics.SIGNALS.labels("sent").inc(len(signals))
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
@@ -101,6 +102,18 @@ async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
         log.warning("%d push signal(s) from %s:%s not sent (%s); skipping signals for %g s",
                     len(signals), topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
         return False
+
+
+@dataclass(frozen=True)
+class _Scripts:
+    publish: Any
+
+
+_SOURCES = {"publish": (Path(__file__).parent / "lua" / "publish.lua").read_text()}
+
+
+def _scripts(cache: AnyRedis) -> _Scripts:
+    return bound_scripts(cache, _Scripts, _SOURCES)
 
 
 def _publish_args(signal: Signal) -> tuple[str, str]:
