@@ -65,7 +65,9 @@ class ConversationService:
         section = settings.section("conversations")
         self.runtime = runtime
         self.handler = handler or handler_for(settings)
-        self.limiter = Limiter(runtime.durable)
+        # The platform limits of concurrent replies share round trips (and a reply's
+        # buckets are asked in one: ``delivery.admit``).
+        self.limiter = Limiter(runtime.durable, AutoPipeline(runtime.durable))
         self.providers = Providers(self.limiter, provider_limits(settings))
         self.limits = platform_limits(settings)
         self.policy = RetryPolicy.from_settings(settings)

@@ -128,8 +128,20 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
 
 
 async def admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> None:
-    """Wait for every platform bucket; an unreachable limiter store is a ``StoreOutage``."""
+    """Wait for every platform bucket; an unreachable limiter store is a ``StoreOutage``.
+
+    Every bucket is asked at once first (one round trip): the usual case, all admitted, ends
+    there. When one refuses, those that admitted are given back and the buckets are taken one
+    after the other, each waited for, as if that first try had not happened (one unit per
+    bucket per send either way)."""
     try:
+        if len(limits) > 1:
+            decisions = await limiter.check_each(
+                [(name, rate.rate, rate.period, rate.burst) for name, rate in limits])
+            if all(decision.admitted for decision in decisions):
+                return
+            for decision in decisions:
+                await limiter.give_back(decision)
         for name, rate in limits:
             await limiter.acquire(name, rate=rate.rate, period=rate.period, burst=rate.burst)
     except UNREACHABLE as exc:

@@ -18,10 +18,12 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from gateway import keys
 from gateway.stores.coalesce import AutoPipeline
@@ -87,12 +89,56 @@ class CoolingDown(LimitError):
 @dataclass(frozen=True)
 class Decision:
     """One attempt: admitted or not, how long to wait before retrying, and Redis's clock;
-    ``cooling``: the wait is the group's cool-down's."""
+    ``cooling``: the wait is the group's cool-down's. A window's (``check``) also names its
+    limit, the attempt and the window's length: what ``give_back`` needs."""
 
     admitted: bool
     wait: float
     now: float
     cooling: bool = False
+    name: str = ""
+    attempt: str = ""
+    window: float = 0.0
+
+
+@dataclass(frozen=True)
+class _WindowCall:
+    """The keys and arguments of one window.lua call, and how to read its reply."""
+
+    name: str
+    rate: float
+    period: float
+    burst: int
+    cost: int
+    now: float | None
+    attempt: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.period <= 0 or self.cost < 1 or self.burst < 1:
+            raise LimitError("rate, period, burst and cost must be positive")
+
+    @property
+    def keys(self) -> list[str]:
+        log_key = window_key(self.name)
+        return [log_key, log_key + ":total"]
+
+    @property
+    def args(self) -> list[Any]:
+        limit, period = whole_units(self.rate, self.period)
+        burst = min(int(self.burst), limit)
+        return [limit, round(period * _MICRO), burst, round(burst * period / limit * _MICRO),
+                int(self.cost), self.attempt,
+                "" if self.now is None else str(round(self.now * _MICRO))]
+
+    def decision(self, reply: Any) -> Decision:
+        admitted, wait_us, now_us = reply
+        if int(admitted) < 0:
+            limit, _ = whole_units(self.rate, self.period)
+            raise LimitError(f"cost {self.cost} can never fit {self.name}: limit {limit}, "
+                             f"burst {min(int(self.burst), limit)}")
+        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO,
+                        name=self.name, attempt=self.attempt,
+                        window=whole_units(self.rate, self.period)[1])
 
 
 class Limiter:
@@ -117,24 +163,44 @@ class Limiter:
         ``burst`` smooths: at most ``burst`` units in any ``burst * period / rate`` seconds
         (``burst=1`` spaces attempts evenly; ``burst >= rate`` allows the whole window at once).
         """
-        if rate <= 0 or period <= 0 or cost < 1 or burst < 1:
-            raise LimitError("rate, period, burst and cost must be positive")
-        limit, period = whole_units(rate, period)
-        burst = min(int(burst), limit)
-        window_us = round(period * _MICRO)
-        smooth_us = round(burst * period / limit * _MICRO)
-        log_key = window_key(name)
-        window_keys = [log_key, log_key + ":total"]
-        window_args = [limit, window_us, burst, smooth_us, int(cost), secrets.token_hex(8),
-                       "" if now is None else str(round(now * _MICRO))]
+        call = _WindowCall(name, rate, period, burst, cost, now)
         if self.auto is not None:
-            admitted, wait_us, now_us = await self.auto.run_script(self._window, window_keys,
-                                                                   window_args)
+            reply = await self.auto.run_script(self._window, call.keys, call.args)
         else:
-            admitted, wait_us, now_us = await self._window(keys=window_keys, args=window_args)
-        if int(admitted) < 0:
-            raise LimitError(f"cost {cost} can never fit {name}: limit {limit}, burst {burst}")
-        return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO)
+            reply = await self._window(keys=call.keys, args=call.args)
+        return call.decision(reply)
+
+    async def check_each(self, checks: Sequence[tuple[str, float, float, int]]
+                         ) -> list[Decision]:
+        """``check`` of several limits (name, rate, period, burst; cost 1) at once: one round
+        trip through ``auto`` (each window its own script call: the limits may live in
+        different cluster slots). Each decision is its own; see ``give_back``."""
+        calls = [_WindowCall(name, rate, period, burst, 1, None)
+                 for name, rate, period, burst in checks]
+        if self.auto is None or len(calls) < 2:
+            return list(await asyncio.gather(*(
+                self.check(c.name, rate=c.rate, period=c.period, burst=c.burst)
+                for c in calls)))
+        commands = [("EVALSHA", self._window.sha, 2, *c.keys, *c.args) for c in calls]
+        replies = await self.auto.batch(commands)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            # The server forgot the script: load it, and send the batch again. A window that
+            # ran already finds its attempt's entry and answers as before (counted once).
+            await self.redis.script_load(self._window.script)
+            replies = await self.auto.batch(commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [call.decision(reply) for call, reply in zip(calls, replies, strict=True)]
+
+    async def give_back(self, decision: Decision) -> None:
+        """Undo an admitted ``check`` (its unit leaves the window): the other limits of the
+        same send refused it, and it waits for them before taking this one again."""
+        if not decision.admitted or not decision.attempt:
+            return
+        log_key = window_key(decision.name)
+        await self._amend(keys=[log_key, log_key + ":total"],
+                          args=[decision.attempt, 1, 0, round(decision.window * _MICRO)])
 
     async def try_acquire(self, name: str, *, rate: float, period: float, burst: int = 1,
                           cost: int = 1) -> float:

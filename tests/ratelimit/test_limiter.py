@@ -10,8 +10,10 @@ import time
 import pytest
 
 from gateway import keys
-from gateway.ratelimit import Limiter, LimitError
+from gateway.outbound.delivery import admit
+from gateway.ratelimit import Limiter, LimitError, Rate
 from gateway.ratelimit.limiter import window_key
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
 from tests.helpers import registry_violations
 
@@ -189,3 +191,29 @@ async def test_a_retried_attempt_is_counted_once(runtime: Runtime) -> None:
     assert (await script(keys=[key, key + ":total"], args=args))[0] == 1  # the retry
     assert await runtime.durable.get(key + ":total") == "2"
     assert await runtime.durable.zcard(key) == 1
+
+
+async def test_a_send_asks_every_bucket_at_once_and_gives_back_a_partial_admission(
+        runtime: Runtime) -> None:
+    """``admit``'s first try asks both buckets in one round trip; when the chat's refuses,
+    the bot's unit of that try is given back, and the buckets are then taken one after the
+    other as before (the bot's, then the chat's after its wait): one unit each per send."""
+    auto = AutoPipeline(runtime.durable)
+    limiter = Limiter(runtime.durable, auto)
+    bot, chat = Rate(1000, 60.0, 1000), Rate(1, 2.0)
+    limits = [("gb:bot", bot), ("gb:chat", chat)]
+    await limiter.check("gb:warm", rate=1, period=1.0)  # the script loaded once
+    flushes = auto.flushes
+    await admit(limiter, limits)
+    assert auto.flushes == flushes + 1  # both buckets, one round trip
+    assert await runtime.durable.zcard(window_key("gb:bot")) == 1
+    waiting = asyncio.create_task(admit(limiter, limits))
+    await asyncio.sleep(0.5)  # the chat's 2 s interval is not over: still waiting
+    assert not waiting.done()
+    async with asyncio.timeout(10):
+        await waiting
+    # Two sends, two units in the bot's log: the given-back unit of the refused try is gone.
+    assert await runtime.durable.zcard(window_key("gb:bot")) == 2
+    assert await runtime.durable.get(window_key("gb:bot") + ":total") in (b"2", "2")
+    decisions = await limiter.check_each([("gb:chat", 1, 60.0, 1), ("gb:other", 1, 60.0, 1)])
+    assert [d.admitted for d in decisions] == [False, True]
