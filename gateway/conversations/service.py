@@ -33,6 +33,7 @@ from gateway.conversations.model import Incoming, chat_key, command_of, pointer_
 from gateway.outbound import live
 from gateway.outbound.delivery import RetryPolicy, Send, deliver, limit_names
 from gateway.push import feed
+from gateway.push.protocol import FeedRow
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
@@ -138,7 +139,7 @@ class ConversationService:
             return await self._send_stored(
                 conn, incoming, send, conversation_id, seq, answer.seq, answer.text,
                 await store.settled(conn, conversation_id, answer.seq))
-        await feed.publish(self.runtime.cache, answer.row)
+        await self._publish(answer.row)
         delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
                                         reply)
         return Outcome(conversation_id, seq, reply, delivered)
@@ -151,16 +152,20 @@ class ConversationService:
 
     async def _receive(self, conn: asyncpg.Connection, incoming: Incoming,
                        command: str | None) -> store.Received:
-        """Store the message and its feed row (one statement), then the pointer and the push
-        signal to redis-cache side by side: one round trip of waiting."""
+        """Store the message and its feed row (one statement), then the push signal and, when
+        it changed, the pointer to redis-cache: one round trip (``self.cache``)."""
         pointer = await self._read_pointer(incoming)
         received = await store.receive(conn, incoming, pointer, is_new=command == "new")
+        writes = []
+        if received.conversation_id != pointer:  # the read renewed an unchanged pointer
+            writes.append(self._write_pointer(incoming, received.conversation_id))
         if received.row is not None:  # committed: the statement was its own transaction
-            await asyncio.gather(self._write_pointer(incoming, received.conversation_id),
-                                 feed.publish(self.runtime.cache, received.row))
-        else:
-            await self._write_pointer(incoming, received.conversation_id)
+            writes.append(self._publish(received.row))
+        await asyncio.gather(*writes)
         return received
+
+    async def _publish(self, row: FeedRow) -> None:
+        await feed.publish(self.runtime.cache, row, self.cache)
 
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                            seen: store.Received) -> Outcome:
@@ -229,9 +234,12 @@ class ConversationService:
             return APOLOGY
 
     async def _read_pointer(self, incoming: Incoming) -> int | None:
-        """The cached pointer; a missing or unreadable cache just means asking PostgreSQL."""
+        """The cached pointer, its TTL renewed as it is read (sliding: every message renews
+        it; a pointer that turns out stale is rewritten after); a missing or unreadable
+        cache just means asking PostgreSQL."""
         try:
-            value = await self.cache.execute("GET", pointer_key(incoming))
+            value = await self.cache.execute("GETEX", pointer_key(incoming),
+                                             "EX", self.idle_seconds)
             return int(value) if value is not None else None
         except Exception as exc:
             log.warning("conversation pointer unreadable (%s); using PostgreSQL",
@@ -239,7 +247,7 @@ class ConversationService:
             return None
 
     async def _write_pointer(self, incoming: Incoming, conversation_id: int) -> None:
-        """Set the pointer with a fresh TTL (sliding: every message renews it)."""
+        """Set the pointer with a fresh TTL."""
         try:
             await self.cache.execute("SET", pointer_key(incoming), str(conversation_id),
                                      "EX", self.idle_seconds)

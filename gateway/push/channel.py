@@ -21,6 +21,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway import keys
 from gateway.push import metrics
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 from gateway.stores.scripts import bound_scripts
 
@@ -71,11 +72,14 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
     return await publish_signals(cache, [(topic, offset, kind, epoch, row_wire)])
 
 
-async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
+async def publish_signals(cache: AnyRedis, signals: Sequence[Signal],
+                          auto: AutoPipeline | None = None) -> bool:
     """PUBLISH each signal on its ``push:<topic>``, several in one round trip. Pub/sub is
     at-most-once anyway, so a failure is logged and swallowed (polling the feed cures a lost
     signal), and for a second after one this client skips publishing. Returns whether the
-    signals were sent."""
+    signals were sent. ``auto`` (a coalescer on ``cache``; not on a cluster, whose pipeline
+    cannot route a keyless PUBLISH): the signals ride with the concurrent callers' commands,
+    one round trip for them all."""
     if not signals:
         return True
     if _down_until.get(cache, 0.0) > time.monotonic():
@@ -83,7 +87,12 @@ async def publish_signals(cache: AnyRedis, signals: Sequence[Signal]) -> bool:
         return False
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-            if len(signals) == 1:
+            if auto is not None and not auto.cluster:
+                for reply in await auto.batch([("PUBLISH", *_publish_args(signal))
+                                               for signal in signals]):
+                    if isinstance(reply, Exception):
+                        raise reply
+            elif len(signals) == 1:
                 await cache.publish(*_publish_args(signals[0]))
             elif isinstance(cache, RedisCluster):
                 # A cluster pipeline cannot route keyless PUBLISH; one after another keeps

@@ -25,6 +25,7 @@ import asyncpg
 
 from gateway.push.channel import publish_signals
 from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 
 MAX_READ_LIMIT = 1000
@@ -173,17 +174,19 @@ async def pending_topics(pool: asyncpg.Pool | asyncpg.Connection,
         float(older_than_seconds))]
 
 
-async def publish(cache: AnyRedis, row: FeedRow) -> None:
+async def publish(cache: AnyRedis, row: FeedRow, auto: AutoPipeline | None = None) -> None:
     """Signal a committed row on ``push:<topic>``; a failure is logged and swallowed
     (pub/sub is at-most-once; clients poll the feed to cure a missed signal). A small row
-    rides along in the signal, so the receiving hub need not read it back."""
-    await publish_many(cache, [row])
+    rides along in the signal, so the receiving hub need not read it back. ``auto``: a
+    coalescer on ``cache`` the signal may share a round trip in."""
+    await publish_many(cache, [row], auto)
 
 
-async def publish_many(cache: AnyRedis, rows: Sequence[FeedRow]) -> None:
+async def publish_many(cache: AnyRedis, rows: Sequence[FeedRow],
+                       auto: AutoPipeline | None = None) -> None:
     """``publish`` for several committed rows, in one round trip."""
     await publish_signals(cache, [(row.topic, row.offset, row.kind, row.epoch, row.wire)
-                                  for row in rows])
+                                  for row in rows], auto)
 
 
 async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,
