@@ -12,14 +12,18 @@ Run from the repository root: ``python bench/providers.py [--calls 2000] [--rows
    ``SELECT 1`` on the same pool (the floor of any statement).
 
 Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
+``--profile FILE``: the chain's calls of each round under cProfile (stats to FILE, the top
+costs per call printed), the bare client's runs unprofiled.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import dataclasses
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -40,20 +44,29 @@ BUDGETS = {"daily_tokens_per_chat": 10**12, "daily_tokens_per_account": 10**12,
            "daily_tokens": 10**12}
 
 
-async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> float:
-    """Calls/s of ``one(i)`` for i in range(calls), from CONCURRENCY coroutines."""
+@dataclasses.dataclass
+class Rate:
+    per_second: float
+    cpu_us: float  # this process's CPU per call (the fake server's included, stores' not)
+
+
+async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> Rate:
+    """Calls/s of ``one(i)`` for i in range(calls), from CONCURRENCY coroutines, and the CPU
+    time per call, which other work on the machine hardly moves (unlike calls/s)."""
     counter = iter(range(calls))
 
     async def worker() -> None:
         for i in counter:
             await one(i)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return calls / (time.perf_counter() - started)
+    return Rate(calls / (time.perf_counter() - started),
+                (time.process_time() - cpu) / calls * 1e6)
 
 
-async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int) -> tuple[float, float]:
+async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int,
+                      profile: cProfile.Profile | None = None) -> tuple[Rate, Rate]:
     tables = provider_tables(("bench", fake), key_env="BENCH_KEY",
                              requests_per_minute=10**7, tokens_per_minute=10**9,
                              concurrent=CONCURRENCY)
@@ -66,8 +79,12 @@ async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int) -> tuple[float,
         texts = ["a short chunk of text to embed"] * 4
         await rate(50, lambda i: client.embeddings("m", texts))  # warm-up
         bare = await rate(calls, lambda i: client.embeddings("m", texts))
+        if profile is not None:
+            profile.enable()
         full = await rate(calls, lambda i: chain.embeddings(
             "m", texts, charge=Charge(chat=f"c{i % 50}", account=f"a{i % 5}")))
+        if profile is not None:
+            profile.disable()
     finally:
         await providers.close()
     return full, bare
@@ -99,14 +116,33 @@ async def check_round(rt: Runtime, rows: int, samples: int = 500) -> tuple[float
     return (statistics.median(check), check[p99], statistics.median(floor), floor[p99])
 
 
+def print_profile(profile: cProfile.Profile, path: str, calls: int, top: int = 25) -> None:
+    """The functions with the most time inside them (callees included) per chain call."""
+    profile.dump_stats(path)
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][3])  # type: ignore[attr-defined]
+    print(f"profile of {calls:,} chain calls (cumulative µs per call):")
+    for (filename, line, name), (_, _, _, cumulative, _) in rows[:top]:
+        where = filename.rsplit("site-packages/", 1)[-1].rsplit("/work/", 1)[-1]
+        print(f"  {cumulative / calls * 1e6:8.0f}  {name} ({where}:{line})")
+
+
 async def main_async(args: argparse.Namespace, root: Path) -> None:
+    print(f"load at start: {os.getloadavg()[0]:.2f}")
+    profile = cProfile.Profile() if args.profile else None
     async with embedded_runtime(root, pg_max_size=CONCURRENCY + 2) as rt:
         async with FakeOpenAI(api_key=KEY) as fake:
             for round_no in range(1, args.rounds + 1):
-                full, bare = await chain_round(rt, fake, args.calls)
-                print(f"round {round_no} chain: {full:,.0f} calls/s, bare client "
-                      f"{bare:,.0f} calls/s, ratio {full / bare:.2f}")
+                full, bare = await chain_round(rt, fake, args.calls, profile)
+                print(f"round {round_no} chain: {full.per_second:,.0f} calls/s "
+                      f"({full.cpu_us:,.0f} µs CPU/call), bare client "
+                      f"{bare.per_second:,.0f} calls/s ({bare.cpu_us:,.0f} µs CPU/call), "
+                      f"ratio {full.per_second / bare.per_second:.2f} by calls/s, "
+                      f"{bare.cpu_us / full.cpu_us:.2f} by CPU per call "
+                      f"(load {os.getloadavg()[0]:.1f})")
                 fake.reset()
+        if profile is not None:
+            print_profile(profile, args.profile, args.calls * args.rounds)
         for round_no in range(1, args.rounds + 1):
             for rows in args.rows:
                 c50, c99, f50, f99 = await check_round(rt, rows)
@@ -122,6 +158,8 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")],
                         default=[10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="cProfile the chain's calls; stats to FILE, top costs printed")
     run_in_tempdir(main_async, parser.parse_args())
 
 

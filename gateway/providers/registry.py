@@ -56,6 +56,8 @@ class ModelProviders:
         return Chain([self.client(name) for name in names], self.limits, self.ledger)
 
     async def close(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.rows.drain()
         session, self._session = self._session, None
         self._clients.clear()
         if session is not None:

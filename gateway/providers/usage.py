@@ -7,13 +7,15 @@ scan (migration 0009). ::
     daily_tokens_per_chat = 20000       # one chat's calls today (its chat key)
     daily_tokens_per_account = 200000   # one account's calls today
     daily_tokens = 2000000              # every call today
-    daily_tokens_recheck_seconds = 1    # the day's total is re-read at most this often
+    daily_tokens_recheck_seconds = 1    # each sum is re-read at most this often (0: always)
 
-The day's total sums every row of the day, so each process reads it at most once a second
-(concurrent callers share the read); a chat's and an account's sums cover their own rows
-only and are read on every call, in one statement. A budget is reached once today's sum is
-at or above it; the call that crosses it runs, so a day ends at most one call (and the calls
-in flight, and for the total a second's calls) above its budget.
+Each process reads a sum at most once every ``daily_tokens_recheck_seconds`` (the day's
+total, a chat's and an account's alike; concurrent callers share the read) and adds its own
+calls to what it read as they are recorded (``gateway.providers.sums``). A budget is reached
+once today's sum is at or above it; the call that crosses it runs, so a day ends at most one
+call, the calls in flight, and the other processes' calls of the last
+``daily_tokens_recheck_seconds`` above its budget. Rows of concurrent calls are written in one
+statement (``gateway.providers.rows``); each call returns once its row is stored.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import asyncpg
 from gateway.config import ConfigError, Settings
 from gateway.providers.client import Usage
 from gateway.providers.errors import Budget, OverBudget
+from gateway.providers.rows import RowWriter
+from gateway.providers.sums import Sums
 from gateway.stores.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
@@ -42,9 +46,9 @@ GROUPS: Mapping[str, str] = {
 
 _TODAY = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 
-# The day's total is a sum over every row of the day: read at most every
-# ``recheck_seconds`` per process (shared by concurrent callers). A chat's and an account's
-# sums cover only their own rows: one statement per call, exact.
+# The day's total is a sum over every row of the day; a chat's and an account's sums cover
+# only their own rows (both in one statement). Each is read at most every ``recheck_seconds``
+# per process.
 _TOTAL = f"""
 SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage WHERE created_at >= {_TODAY}
 """
@@ -57,13 +61,6 @@ SELECT
        SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
        WHERE account = $2 AND created_at >= {_TODAY}) END
 """
-
-_RECORD = """
-INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out, estimated,
-                            chat_key, job_id, account)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-"""
-
 
 @dataclass(frozen=True)
 class Charge:
@@ -79,7 +76,7 @@ class Budgets:
     per_chat: int | None = None
     per_account: int | None = None
     total: int | None = None
-    recheck_seconds: float = 1.0  # how stale the day's total may be (0: read every call)
+    recheck_seconds: float = 1.0  # how stale a sum may be (0: read on every call)
 
 
 def budgets(settings: Settings) -> Budgets:
@@ -105,9 +102,16 @@ class UsageLedger:
         self.pool = pool
         self.limits = limits
         self.total: Refreshed[int] = Refreshed(self._read_total, 0, limits.recheck_seconds)
+        self.sums = Sums(self._read_sums, limits.recheck_seconds)
+        self.rows = RowWriter(pool)
 
     async def _read_total(self) -> int:
         return int(await self.pool.fetchval(_TOTAL))
+
+    async def _read_sums(self, chat: str | None,
+                         account: str | None) -> tuple[int | None, int | None]:
+        chat_used, account_used = await self.pool.fetchrow(_CHECK, chat, account)
+        return chat_used, account_used
 
     async def check(self, charge: Charge) -> None:
         """Raise ``OverBudget`` when a configured budget of ``charge`` is reached today."""
@@ -117,7 +121,7 @@ class UsageLedger:
         total = await self.total.get() if limits.total is not None else None
         chat_used = account_used = None
         if chat is not None or account is not None:
-            chat_used, account_used = await self.pool.fetchrow(_CHECK, chat, account)
+            chat_used, account_used = await self.sums.get(chat, account)
         for scope, used, limit in (("total", total, limits.total),
                                    ("chat", chat_used, limits.per_chat),
                                    ("account", account_used, limits.per_account)):
@@ -126,12 +130,15 @@ class UsageLedger:
 
     async def record(self, *, provider: str, model: str, kind: str, usage: Usage,
                      charge: Charge) -> None:
-        """One row for a finished call. A failed write is logged, not raised: the call has
-        happened and its answer is worth more than its row."""
+        """One row for a finished call, stored with the rows of concurrent calls (one
+        statement), its tokens counted at once in this process's sums. A failed write is
+        logged, not raised: the call has happened and its answer is worth more than its row."""
+        self.sums.add(charge.chat, charge.account, usage.total)
+        self.total.value += usage.total
         try:
-            await self.pool.execute(_RECORD, provider, model, kind, usage.prompt_tokens,
-                                    usage.completion_tokens, usage.estimated, charge.chat,
-                                    charge.job, charge.account)
+            await self.rows.write((provider, model, kind, usage.prompt_tokens,
+                                   usage.completion_tokens, usage.estimated, charge.chat,
+                                   charge.job, charge.account))
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
 

@@ -130,3 +130,46 @@ async def test_a_stream_whose_reader_is_cancelled_is_counted_on_what_was_sent(
     rows = await runtime.pg.fetch(
         "SELECT chat_key, tokens_in, tokens_out, estimated FROM provider_usage")
     assert [tuple(r) for r in rows] == [("c", 9, 3, True)]  # "alpha beta ", estimated
+
+
+async def test_a_chats_sum_is_read_once_per_recheck_and_this_process_calls_count_at_once(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    """The staleness bound: within ``daily_tokens_recheck_seconds`` a process's own calls
+    count at once (the chat stops at its budget on one read), another process's rows only
+    from the next read."""
+    providers = make_providers(("a", fake_openai), budgets={
+        "daily_tokens_per_chat": 30, "daily_tokens_recheck_seconds": 3600})
+    chain = providers.chain(["a"])
+    ledger = providers.ledger
+    assert ledger is not None
+    made, over = await calls_until_over(chain, Charge(chat="tg:1"))
+    assert made == 4 and over.budget.used == 36 and ledger.sums.reads == 1
+    # Another process's 100 tokens in chat tg:2, after this process read its sum (0).
+    await chain.chat("m", HELLO, charge=Charge(chat="tg:2"))
+    await runtime.pg.execute(
+        "INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out, chat_key)"
+        " VALUES ('a', 'm', 'chat', 100, 0, 'tg:2')")
+    await chain.chat("m", HELLO, charge=Charge(chat="tg:2"))  # still its 9: runs
+    assert ledger.sums.reads == 2
+    ledger.sums.interval = 0  # the recheck is due: 118 tokens read, refused
+    with pytest.raises(OverBudget) as info:
+        await chain.chat("m", HELLO, charge=Charge(chat="tg:2"))
+    assert (info.value.budget.scope, info.value.budget.used) == ("chat", 118)
+
+
+async def test_rows_of_concurrent_calls_share_statements_and_are_stored_before_returning(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    providers = make_providers(("a", fake_openai))
+    chain = providers.chain(["a"])
+    ledger = providers.ledger
+    assert ledger is not None
+
+    async def one(i: int) -> int:
+        await chain.embeddings("e", ["some words here"], charge=Charge(job=f"j{i}"))
+        # Returned: its row is stored.
+        return int(await runtime.pg.fetchval(
+            "SELECT count(*) FROM provider_usage WHERE job_id = $1", f"j{i}"))
+
+    assert await asyncio.gather(*(one(i) for i in range(40))) == [1] * 40
+    assert ledger.rows.statements < 40
+    assert await runtime.pg.fetchval("SELECT count(*) FROM provider_usage") == 40
