@@ -17,6 +17,7 @@ from gateway.providers.config import ProviderConfig, provider_configs
 from gateway.providers.usage import UsageLedger, budgets
 from gateway.ratelimit.limiter import Limiter
 from gateway.ratelimit.limits import Providers
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 
 
@@ -38,7 +39,9 @@ class ModelProviders:
                       environ: Mapping[str, str] | None = None) -> ModelProviders:
         """``pool`` None: no usage rows and no budgets (tools that only need the clients)."""
         ledger = UsageLedger(pool, budgets(settings)) if pool is not None else None
-        return cls(provider_configs(settings, environ), Limiter(durable), ledger)
+        # The limiter's scripts of concurrent calls share round trips (two per call).
+        limiter = Limiter(durable, AutoPipeline(durable))
+        return cls(provider_configs(settings, environ), limiter, ledger)
 
     def client(self, name: str) -> OpenAIClient:
         if name not in self.configs:
@@ -58,6 +61,8 @@ class ModelProviders:
     async def close(self) -> None:
         if self.ledger is not None:
             await self.ledger.rows.drain()
+        if self.limits.limiter.auto is not None:
+            await self.limits.limiter.auto.drain()
         session, self._session = self._session, None
         self._clients.clear()
         if session is not None:

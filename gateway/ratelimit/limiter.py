@@ -32,10 +32,11 @@ from gateway.stores.redis import AnyRedis
 _HERE = Path(__file__).parent / "lua"
 _CLOCK = (_HERE / "includes" / "clock.lua").read_text()
 _LOG = _CLOCK + (_HERE / "includes" / "log.lua").read_text()
+_SLOT = (_HERE / "includes" / "slot.lua").read_text()
 _WINDOW = _LOG + (_HERE / "window.lua").read_text()
-_WINDOWS = _LOG + (_HERE / "windows.lua").read_text()
+_WINDOWS = _LOG + _SLOT + (_HERE / "windows.lua").read_text()
 _AMEND = _CLOCK + (_HERE / "amend.lua").read_text()
-_SLOTS = _CLOCK + (_HERE / "slots.lua").read_text()
+_SLOTS = _CLOCK + _SLOT + (_HERE / "slots.lua").read_text()
 _COOLDOWN = _CLOCK + (_HERE / "cooldown.lua").read_text()
 _MICRO = 1_000_000
 
@@ -53,6 +54,20 @@ def group_key(tag: str, part: str) -> str:
 def cooldown_key(tag: str) -> str:
     """A group's cool-down deadline (same hash tag as its logs); expires with it."""
     return keys.rl("cooldown", "{" + tag + "}")
+
+
+def group_slots_key(tag: str) -> str:
+    """A group's concurrency slots (same hash tag as its logs: one script takes both)."""
+    return keys.rl("slots", "{" + tag + "}")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One of ``limit`` concurrent slots of a group, held by the attempt for the block it
+    runs, at most ``lease`` seconds (a holder that crashed frees it then)."""
+
+    limit: int
+    lease: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,7 @@ class Decision:
     wait: float
     now: float
     cooling: bool = False
+    slot_full: bool = False  # the wait is for one of the group's slots
     name: str = ""
     attempt: str = ""
     window: float = 0.0
@@ -145,8 +161,9 @@ class Limiter:
     """Rate and concurrency limits by name; all state in ``rl:`` keys on redis-durable."""
 
     def __init__(self, redis: AnyRedis, auto: AutoPipeline | None = None) -> None:
-        """``auto``: window checks of concurrent callers share round trips (and the client
-        CPU of one command each, instead of a script call each): for per-request limits."""
+        """``auto``: the window checks and group scripts of concurrent callers share round
+        trips (and the client CPU of one command each, instead of a script call each): for
+        per-request limits and provider calls."""
         self.redis = redis
         self.auto = auto
         self._window: Any = redis.register_script(_WINDOW)
@@ -154,6 +171,11 @@ class Limiter:
         self._windows: Any = redis.register_script(_WINDOWS)
         self._amend: Any = redis.register_script(_AMEND)
         self._cooldown: Any = redis.register_script(_COOLDOWN)
+
+    async def _run(self, script: Any, script_keys: list[str], args: list[Any]) -> Any:
+        if self.auto is not None:
+            return await self.auto.run_script(script, script_keys, args)
+        return await script(keys=script_keys, args=args)
 
     async def check(self, name: str, *, rate: float, period: float, burst: int = 1,
                     cost: int = 1, now: float | None = None) -> Decision:
@@ -164,11 +186,7 @@ class Limiter:
         (``burst=1`` spaces attempts evenly; ``burst >= rate`` allows the whole window at once).
         """
         call = _WindowCall(name, rate, period, burst, cost, now)
-        if self.auto is not None:
-            reply = await self.auto.run_script(self._window, call.keys, call.args)
-        else:
-            reply = await self._window(keys=call.keys, args=call.args)
-        return call.decision(reply)
+        return call.decision(await self._run(self._window, call.keys, call.args))
 
     async def check_each(self, checks: Sequence[tuple[str, float, float, int]]
                          ) -> list[Decision]:
@@ -222,9 +240,12 @@ class Limiter:
             await asyncio.sleep(wait)
 
     async def check_all(self, tag: str, windows: list[Window], *, attempt: str,
-                        now: float | None = None, cooldown: bool = False) -> Decision:
+                        now: float | None = None, cooldown: bool = False,
+                        slot: Slot | None = None) -> Decision:
         """Admit ``attempt`` in every window of the group at one instant, or in none;
-        ``cooldown``: and not before the group's cool-down ends (read in the same call)."""
+        ``cooldown``: and not before the group's cool-down ends; ``slot``: and only while
+        one of the group's concurrent slots is free, taken for ``attempt`` in the same
+        call (given back by ``amend(..., release=slot)``)."""
         if not windows or any(w.limit < 1 or w.period <= 0 or w.cost < 0 for w in windows):
             raise LimitError("limits and periods must be positive, costs not negative")
         log_keys: list[str] = []
@@ -235,31 +256,41 @@ class Limiter:
         if cooldown:
             log_keys.append(cooldown_key(tag))
         args += [attempt, "" if now is None else str(round(now * _MICRO))]
-        admitted, wait_us, now_us, cooling = await self._windows(keys=log_keys, args=args)
+        if slot is not None:
+            log_keys.append(group_slots_key(tag))
+            args += [int(slot.limit), round(slot.lease * _MICRO)]
+        admitted, wait_us, now_us, cooling, full = await self._run(self._windows, log_keys,
+                                                                   args)
         if int(admitted) < 0:
             raise LimitError(f"{tag}: a cost can never fit its limit: {windows}")
         return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO,
-                        int(cooling) == 1)
+                        int(cooling) == 1, int(full) == 1)
 
     async def acquire_all(self, tag: str, windows: list[Window], *,
                           max_wait: float | None = None, cooldown: bool = False,
-                          max_cooldown: float | None = None) -> str:
+                          max_cooldown: float | None = None, slot: Slot | None = None,
+                          poll: float = 0.05) -> str:
         """Wait (on Redis time) until admitted in every window at once; returns the attempt
         id, which ``amend`` takes to correct a cost afterwards. ``cooldown``: the group's
         cool-down is waited out too, unless more of it is left than ``max_cooldown``
-        (``CoolingDown`` at once: the caller may rather go elsewhere)."""
+        (``CoolingDown`` at once: the caller may rather go elsewhere). ``slot``: and one of
+        the group's concurrent slots, held until ``amend(..., release=slot)``; a holder that
+        finishes early frees its slot long before its lease ends, so a full group is polled
+        every ``poll`` seconds."""
         attempt = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         deadline = None if max_wait is None else loop.time() + max_wait
         while True:
-            decision = await self.check_all(tag, windows, attempt=attempt, cooldown=cooldown)
+            decision = await self.check_all(tag, windows, attempt=attempt, cooldown=cooldown,
+                                            slot=slot)
             if decision.admitted:
                 return attempt
             if decision.cooling and max_cooldown is not None and decision.wait > max_cooldown:
                 raise CoolingDown(tag, decision.wait)
-            if deadline is not None and loop.time() + decision.wait > deadline:
+            wait = min(decision.wait, poll) if decision.slot_full else decision.wait
+            if deadline is not None and loop.time() + wait > deadline:
                 raise LimitError(f"{tag}: not admitted within {max_wait} s")
-            await asyncio.sleep(decision.wait)
+            await asyncio.sleep(wait)
 
     async def cool_down(self, tag: str, seconds: float, *, now: float | None = None) -> None:
         """Admit nothing of the group for ``seconds`` from now (Redis time), for every
@@ -270,13 +301,19 @@ class Limiter:
         await self._cooldown(keys=[cooldown_key(tag)],
                              args=[wait_us, "" if now is None else str(round(now * _MICRO))])
 
-    async def amend(self, tag: str, window: Window, attempt: str, cost: int) -> bool:
-        """Set the cost of an admitted attempt in one window of its group to ``cost``, at its
-        admission time; False when the entry has already left the window."""
+    async def amend(self, tag: str, window: Window, attempt: str, cost: int | None, *,
+                    release: bool = False) -> bool:
+        """Set the cost of an admitted attempt in one window of its group to ``cost`` (None:
+        leave it), at its admission time; False when the entry has already left the window.
+        ``release``: and give back the attempt's slot of the group, in the same call."""
         log_key = group_key(tag, window.part)
-        done = await self._amend(keys=[log_key, log_key + ":total"],
-                                 args=[attempt, window.cost, max(0, int(cost)),
-                                       round(window.period * _MICRO)])
+        script_keys = [log_key, log_key + ":total"]
+        args: list[Any] = [attempt, window.cost, "" if cost is None else max(0, int(cost)),
+                           round(window.period * _MICRO)]
+        if release:
+            script_keys.append(group_slots_key(tag))
+            args.append(attempt)
+        done = await self._run(self._amend, script_keys, args)
         return int(done) == 1
 
     async def try_slot(self, name: str, holder: str, *, limit: int, lease: float,

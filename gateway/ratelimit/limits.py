@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import ConfigError, Settings
-from gateway.ratelimit.limiter import Limiter, Window
+from gateway.ratelimit.limiter import Limiter, Slot, Window
 
 
 @dataclass(frozen=True)
@@ -118,32 +118,40 @@ def provider_limits(settings: Settings) -> dict[str, ProviderLimits]:
 
 class Ticket:
     """An admitted provider call: ``settle(tokens)`` replaces the token estimate it was
-    admitted on with the count the provider reported, at the same admission time."""
+    admitted on with the count the provider reported, at the same admission time. The
+    correction goes out when the call's block ends, with its slot's release, in one script
+    call (``finish``)."""
 
-    def __init__(self, limiter: Limiter, tag: str, tokens: Window | None, attempt: str) -> None:
+    def __init__(self, limiter: Limiter, tag: str, tokens: Window, attempt: str) -> None:
         self._limiter = limiter
         self._tag = tag
         self._tokens = tokens
         self._attempt = attempt
-        self.tokens = tokens.cost if tokens is not None else 0
+        self._settled: int | None = None
+        self.tokens = tokens.cost
 
     async def settle(self, tokens: int) -> None:
-        if self._tokens is None or tokens == self._tokens.cost:
-            return
-        await self._limiter.amend(self._tag, self._tokens, self._attempt, tokens)
-        self._tokens = replace(self._tokens, cost=max(0, tokens))
-        self.tokens = self._tokens.cost
+        """Count ``tokens`` instead of the estimate (sent with the slot's release)."""
+        self._settled = None if tokens == self._tokens.cost else max(0, tokens)
+        self.tokens = max(0, tokens)
+
+    async def finish(self) -> None:
+        """The settled tokens, if any, and the slot given back: one script call."""
+        await self._limiter.amend(self._tag, self._tokens, self._attempt, self._settled,
+                                  release=True)
 
 
 class Providers:
     """The public API for handlers that call model providers.
 
-    ``async with providers.call("anthropic", tokens=1200) as ticket: ...`` waits for one of
-    the concurrent slots, then for a request and ``tokens`` in the window, both at one
-    instant, so what is admitted in a window is sent in it (taken one after the other, a
-    request admitted while its tokens waited would go out beside the next window's). All on
-    shared Redis state: every replica counts against the same budget. ``ticket.settle(n)``
-    corrects the tokens once the provider has said how many it counted.
+    ``async with providers.call("anthropic", tokens=1200) as ticket: ...`` waits until one
+    of the concurrent slots, a request and ``tokens`` in the window are all free at one
+    instant, and takes the three in one script call, so what is admitted in a window is sent
+    in it (taken one after the other, a request admitted while its tokens waited would go
+    out beside the next window's). All on shared Redis state: every replica counts against
+    the same budget. ``ticket.settle(n)`` corrects the tokens once the provider has said how
+    many it counted; the correction and the slot's release are one script call at the
+    block's end.
     ``cool_down(provider, seconds)`` (a 429's ``Retry-After``) holds back every ``call`` of
     that provider, on every replica, until it is over.
     """
@@ -171,11 +179,15 @@ class Providers:
         requests = Window("requests", limits.requests_per_minute, limits.window_seconds, 1)
         cost = min(max(0, int(tokens)), limits.tokens_per_minute)
         token_window = Window("tokens", limits.tokens_per_minute, limits.window_seconds, cost)
-        async with self.limiter.slot(f"{tag}:concurrent", limit=limits.concurrent,
-                                     lease=lease):
-            attempt = await self.limiter.acquire_all(tag, [requests, token_window],
-                                                     cooldown=True, max_cooldown=max_cooldown)
-            yield Ticket(self.limiter, tag, token_window, attempt)
+        attempt = await self.limiter.acquire_all(
+            tag, [requests, token_window], cooldown=True, max_cooldown=max_cooldown,
+            slot=Slot(limits.concurrent, lease))
+        ticket = Ticket(self.limiter, tag, token_window, attempt)
+        try:
+            yield ticket
+        finally:
+            with contextlib.suppress(Exception):  # the lease frees the slot, at worst
+                await ticket.finish()
 
     async def cool_down(self, provider: str, seconds: float) -> None:
         """The provider said wait (a 429's ``Retry-After``): no call of any caller on any

@@ -58,7 +58,8 @@ class LimiterRecord:
     """Every decision the limiter's windows script returned, in Redis time."""
 
     admitted: dict[str, Admission] = field(default_factory=dict)
-    refused: list[tuple[float, dict[str, int], bool]] = field(default_factory=list)
+    # (Redis time, costs, cooling, the slots were all held)
+    refused: list[tuple[float, dict[str, int], bool, bool]] = field(default_factory=list)
 
     def watch(self, limiter: Limiter, monkeypatch: pytest.MonkeyPatch) -> None:
         check_all, amend = limiter.check_all, limiter.amend
@@ -70,18 +71,25 @@ class LimiterRecord:
             if decision.admitted:
                 self.admitted[attempt] = Admission(decision.now, costs)
             else:
-                self.refused.append((decision.now, costs, decision.cooling))
+                self.refused.append((decision.now, costs, decision.cooling,
+                                     decision.slot_full))
             return decision
 
-        async def recording_amend(tag: str, window: Window, attempt: str, cost: int) -> bool:
-            done = await amend(tag, window, attempt, cost)
-            seconds, micros = await limiter.redis.time()
-            entry = self.admitted[attempt]
-            entry.settled, entry.settled_by = cost, seconds + micros / 1_000_000
+        async def recording_amend(tag: str, window: Window, attempt: str, cost: int | None,
+                                  **kwargs: Any) -> bool:
+            done = await amend(tag, window, attempt, cost, **kwargs)
+            if cost is not None:
+                seconds, micros = await limiter.redis.time()
+                entry = self.admitted[attempt]
+                entry.settled, entry.settled_by = cost, seconds + micros / 1_000_000
             return done
 
         monkeypatch.setattr(limiter, "check_all", recording_check)
         monkeypatch.setattr(limiter, "amend", recording_amend)
+
+    def window_refusals(self) -> int:
+        """Refusals by the request, token or cool-down check (not for a slot)."""
+        return sum(1 for *_, slot_full in self.refused if not slot_full)
 
     def in_order(self) -> list[Admission]:
         return sorted(self.admitted.values(), key=lambda a: a.now)
@@ -129,7 +137,7 @@ async def test_1000_calls_never_exceed_requests_tokens_or_concurrency(
     # estimated at 13 tokens and counted by the provider at 10 (the limiter is corrected to
     # 10 after each): the token limit binds.
     await run(chain, [["tiny"]] * 600)
-    light_refusals = len(record.refused)
+    light_refusals = record.window_refusals()
     await run(chain, [["word " * 9 + "word"]] * 400)
 
     # The fake served exactly the admitted calls, and counted the tokens they settled on.
@@ -147,16 +155,17 @@ async def test_1000_calls_never_exceed_requests_tokens_or_concurrency(
     # (settling only lowers a cost here, so this also bounds every window at any instant).
     assert most_in_any_window(admitted, lambda a: 1) <= REQUESTS
     assert most_in_any_window(admitted, lambda a: a.settled or a.costs["tokens"]) <= TOKENS
-    # Every refusal was needed: at its instant the request or token window had no room.
-    for when, costs, cooling in record.refused:
+    # Every refusal was needed: at its instant the request or token window had no room (or
+    # every slot was held: the concurrency limit is checked in the same script call).
+    for when, costs, cooling, slot_full in record.refused:
         counted = in_window(admitted, when)
         requests_full = len(counted) + costs["requests"] > REQUESTS
         tokens_full = sum(a.tokens_at(when) for a in counted) + costs["tokens"] > TOKENS
-        assert requests_full or tokens_full or cooling, (when, len(counted), costs)
+        assert requests_full or tokens_full or cooling or slot_full, (when, len(counted), costs)
     # Each limit bound: refusals in both phases (each made at a full window, above). A
     # limiter that kept the estimate of 13 instead of the settled 10 refuses at 15 calls in a
     # window, 150 settled tokens: the check above fails it.
-    assert light_refusals > 0 and len(record.refused) > light_refusals
+    assert light_refusals > 0 and record.window_refusals() > light_refusals
     # Nothing went faster than the limits allow overall either.
     assert light[-1].now - light[0].now >= (600 / REQUESTS - 1) * WINDOW
     assert heavy[-1].now - heavy[0].now >= (4000 / TOKENS - 1) * WINDOW

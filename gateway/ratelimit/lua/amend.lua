@@ -2,24 +2,34 @@
 -- admitted on an estimate of its tokens and settled on the count the provider reports.
 -- More than estimated may take the window over its limit (later attempts then wait longer);
 -- less gives the difference back at once. An entry that has left the window is not touched.
+-- The same call may give back the attempt's concurrency slot (a provider call's end: its
+-- settlement and its slot in one script call).
 --
 -- KEYS[1], KEYS[2]  the log and its total; ARGV[1] the attempt id, ARGV[2] the old cost,
--- ARGV[3] the new cost (0 removes the entry), ARGV[4] the window µs (the keys' expiry).
--- Returns 1 if amended, 0 if not found.
-local key, total_key = KEYS[1], KEYS[2]
-local old_member = ARGV[1] .. ':' .. ARGV[2]
-local score = redis.call('ZSCORE', key, old_member)
-if not score then return 0 end
-local old_cost, new_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZREM', key, old_member)
-if new_cost > 0 then
-  redis.call('ZADD', key, score, ARGV[1] .. ':' .. fmt(new_cost))
-  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[4]) / 1000) + 1)
+-- ARGV[3] the new cost (0 removes the entry; empty: no change), ARGV[4] the window µs (the
+-- keys' expiry). KEYS[3] optional: the group's slots, whose member ARGV[5] is removed.
+-- Returns 1 if amended, 0 if not found (or not asked).
+local function amend(key, total_key, attempt, old_cost, new_cost, span)
+  local old_member = attempt .. ':' .. fmt(old_cost)
+  local score = redis.call('ZSCORE', key, old_member)
+  if not score then return 0 end
+  redis.call('ZREM', key, old_member)
+  if new_cost > 0 then
+    redis.call('ZADD', key, score, attempt .. ':' .. fmt(new_cost))
+    redis.call('PEXPIRE', key, math.ceil(span / 1000) + 1)
+  end
+  local total = tonumber(redis.call('GET', total_key))
+  if total ~= nil then
+    total = total - old_cost + new_cost
+    if total > 0 then redis.call('SET', total_key, fmt(total), 'KEEPTTL')
+    else redis.call('DEL', total_key) end
+  end
+  return 1
 end
-local total = tonumber(redis.call('GET', total_key))
-if total ~= nil then
-  total = total - old_cost + new_cost
-  if total > 0 then redis.call('SET', total_key, fmt(total), 'KEEPTTL')
-  else redis.call('DEL', total_key) end
+
+local done = 0
+if ARGV[3] ~= '' then
+  done = amend(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
 end
-return 1
+if KEYS[3] then redis.call('ZREM', KEYS[3], ARGV[5]) end
+return done

@@ -4,37 +4,48 @@
 --
 -- A group may have a cool-down, a deadline set by cooldown.lua (a provider's 429 with
 -- Retry-After): until then nothing is admitted, so every caller of every replica waits it
--- out, read in this same call (no round trip of its own).
+-- out, read in this same call (no round trip of its own). It may also have concurrency
+-- slots: the attempt is admitted only with a free slot, taken in the same call (a provider
+-- call's three limits in one script; the slot is given back by amend.lua).
 --
 -- KEYS[2i-1], KEYS[2i]  the log and its total of window i (all under one hash tag)
 -- KEYS[2n+1]            optional: the group's cool-down key (same hash tag)
+-- KEYS[#KEYS]           with a slot limit: the group's slots (same hash tag)
 -- ARGV[1]               number of windows n
 -- ARGV[2 + 3(i-1) ..]   per window: limit, window length µs, cost (0 = not counted)
--- ARGV[2 + 3n]          unique id of this attempt
+-- ARGV[2 + 3n]          unique id of this attempt (the slot's holder too)
 -- ARGV[3 + 3n]          "now" in µs for simulated clocks; empty = Redis TIME
--- Returns {admitted 1|0|-1 (a cost above its limit), wait µs, now µs, cooling 1|0} as
--- strings (cooling 1: the wait is the cool-down's).
+-- ARGV[4 + 3n], [5 + 3n]  optional: slot limit and lease µs (empty: no slot)
+-- Returns {admitted 1|0|-1 (a cost above its limit), wait µs, now µs, cooling 1|0, slot 1|0}
+-- as strings (cooling 1: the wait is the cool-down's; slot 1: the slots are all held).
 local n = tonumber(ARGV[1])
 local id = ARGV[2 + 3 * n]
 local now = clock(ARGV[3 + 3 * n])
+local slot_limit = tonumber(ARGV[4 + 3 * n] or '')
+local slot_key = slot_limit and KEYS[#KEYS]
+local cooldown_key = #KEYS > 2 * n + (slot_limit and 1 or 0) and KEYS[2 * n + 1]
 local windows = {}
 for i = 1, n do
   local base = 2 + 3 * (i - 1)
   local w = {key = KEYS[2 * i - 1], total = KEYS[2 * i], limit = tonumber(ARGV[base]),
              span = tonumber(ARGV[base + 1]), cost = tonumber(ARGV[base + 2])}
-  if w.cost > w.limit then return {-1, '0', fmt(now), '0'} end
+  if w.cost > w.limit then return {-1, '0', fmt(now), '0', '0'} end
   w.member = id .. ':' .. fmt(w.cost)
   windows[i] = w
 end
 -- A client retry of an attempt that already ran finds its entry: answer as before.
 for _, w in ipairs(windows) do
   if w.cost > 0 and redis.call('ZSCORE', w.key, w.member) then
-    return {1, '0', fmt(now), '0'}
+    return {1, '0', fmt(now), '0', '0'}
   end
 end
-if KEYS[2 * n + 1] then
-  local deadline = tonumber(redis.call('GET', KEYS[2 * n + 1]))
-  if deadline and deadline > now then return {0, fmt(deadline - now), fmt(now), '1'} end
+if cooldown_key then
+  local deadline = tonumber(redis.call('GET', cooldown_key))
+  if deadline and deadline > now then return {0, fmt(deadline - now), fmt(now), '1', '0'} end
+end
+if slot_key then
+  local wait = slot_wait(slot_key, id, slot_limit, now)
+  if wait > 0 then return {0, fmt(wait), fmt(now), '0', '1'} end
 end
 local fits = true
 for _, w in ipairs(windows) do
@@ -47,7 +58,8 @@ if fits then
   for _, w in ipairs(windows) do
     if w.cost > 0 then admit(w.key, w.total, w.member, w.used, w.cost, w.span, now) end
   end
-  return {1, '0', fmt(now), '0'}
+  if slot_key then slot_take(slot_key, id, tonumber(ARGV[5 + 3 * n]), now) end
+  return {1, '0', fmt(now), '0', '0'}
 end
 local wait = 1
 for _, w in ipairs(windows) do
@@ -57,4 +69,4 @@ for _, w in ipairs(windows) do
     if this > wait then wait = this end
   end
 end
-return {0, fmt(wait), fmt(now), '0'}
+return {0, fmt(wait), fmt(now), '0', '0'}
