@@ -22,8 +22,9 @@
 
     python bench/search.py [--sizes 10000,100000] [--queries 200] [--scan-queries 20]
                            [--documents 4000] [--per-doc 4] [--concurrency 8] [--batch 64]
-                           [--rounds 3] [--questions 300]   (--sizes "": the embed stage
-                           only; --questions 0: no recall run)
+                           [--rounds 3] [--questions 300]
+                           [--parts search,modes,recall,embed]   (--sizes "": the embed
+                           stage only; --questions 0: no recall run; --parts: only those)
 """
 
 from __future__ import annotations
@@ -164,28 +165,36 @@ async def time_queries(rt: Runtime, queries: np.ndarray) -> tuple[list[float], l
     return latencies, found
 
 
-async def search_at(hnsw: Runtime, scan: Runtime, size: int, n_queries: int,
-                    n_scan: int) -> dict[str, Any]:
+async def search_at(hnsw: Runtime, scan: Runtime | None, size: int, n_queries: int,
+                    n_scan: int, modes: bool) -> dict[str, Any]:
+    """At ``size`` chunks: HNSW against the scan (``scan``; None: not run) and each mode
+    (``modes``)."""
     corpus = clustered(size, seed=size)
     noise = np.random.default_rng(1).normal(size=(n_queries, DIMS)).astype(np.float32)
     queries = embedding.normalise(corpus[:n_queries] + 0.5 * noise / np.sqrt(DIMS))
     words = Words()
     load_s = await load(hnsw, corpus, words)
-    await load(scan, corpus)
     started = time.perf_counter()
     await vectors.ensure_index(hnsw, MODEL, DIMS)
-    build_s = time.perf_counter() - started
-    await time_queries(hnsw, queries[:20])  # warm the index pages and the plan
-    hnsw_lat, hnsw_found = await time_queries(hnsw, queries)
-    await time_queries(scan, queries[:2])
-    scan_lat, scan_found = await time_queries(scan, queries[:n_scan])
-    recall = statistics.mean(len(set(a) & set(b)) / K
-                             for a, b in zip(hnsw_found, scan_found, strict=False))
-    await time_modes(hnsw, queries[:20], words, EVERYTHING)  # warm
-    modes = {"everything": await time_modes(hnsw, queries, words, EVERYTHING),
-             "one owner": await time_modes(hnsw, queries, words, Readable.of("k.3", ()))}
-    return {"size": size, "load_s": load_s, "build_s": build_s, "recall": recall,
-            "hnsw": hnsw_lat, "scan": scan_lat, "modes": modes}
+    found: dict[str, Any] = {"size": size, "load_s": load_s,
+                             "build_s": time.perf_counter() - started}
+    if scan is not None:
+        await load(scan, corpus)
+        await time_queries(hnsw, queries[:20])  # warm the index pages and the plan
+        hnsw_lat, hnsw_found = await time_queries(hnsw, queries)
+        await time_queries(scan, queries[:2])
+        scan_lat, scan_found = await time_queries(scan, queries[:n_scan])
+        found["recall"] = statistics.mean(
+            len(set(a) & set(b)) / K for a, b in zip(hnsw_found, scan_found, strict=False))
+        found.update(hnsw=hnsw_lat, scan=scan_lat)
+    if modes:
+        await time_modes(hnsw, queries[:20], words, EVERYTHING)  # warm
+        found["modes"] = {}
+        for reader, readable in (("everything", EVERYTHING),
+                                 ("one owner", Readable.of("k.3", ()))):
+            found["modes"][reader] = (await time_modes(hnsw, queries, words, readable),
+                                      os.getloadavg()[0])
+    return found
 
 
 def prose() -> list[str]:
@@ -268,38 +277,48 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     async with embedded_runtime(root) as hnsw:
         scan = await _scan_runtime(hnsw)
         try:
-            await measure(hnsw, scan, args)
+            await measure(hnsw, scan if "search" in args.parts else None, args)
         finally:
             await scan.close()
 
 
-async def measure(hnsw: Runtime, scan: Runtime, args: argparse.Namespace) -> None:
+async def measure(hnsw: Runtime, scan: Runtime | None, args: argparse.Namespace) -> None:
     print(f"load at start {os.getloadavg()[0]:.2f}; pgvector "
-          f"{(await vectors.layout(hnsw)).version}, {DIMS} dimensions, top-{K}")
-    for size in args.sizes:
-        r = await search_at(hnsw, scan, size, args.queries, args.scan_queries)
-        h50, h99 = percentile(r["hnsw"], 0.5) * 1e3, percentile(r["hnsw"], 0.99) * 1e3
-        s50, s99 = percentile(r["scan"], 0.5) * 1e3, percentile(r["scan"], 0.99) * 1e3
-        print(f"{size:>7} chunks (COPY {r['load_s']:.1f} s, HNSW build {r['build_s']:.1f} s)"
-              f"\n  hnsw  p50 {h50:8.2f} ms  p99 {h99:8.2f} ms  ({len(r['hnsw'])} queries,"
-              f" recall@{K} {r['recall']:.3f})"
-              f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
-              f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
-              f"   load {os.getloadavg()[0]:.2f}")
-        for reader, modes in r["modes"].items():
+          f"{(await vectors.layout(hnsw)).version}, {DIMS} dimensions, top-{K}; parts "
+          + ",".join(args.parts))
+    for size in args.sizes if {"search", "modes"} & set(args.parts) else ():
+        r = await search_at(hnsw, scan, size, args.queries, args.scan_queries,
+                            "modes" in args.parts)
+        print(f"{size:>7} chunks (COPY {r['load_s']:.1f} s, HNSW build {r['build_s']:.1f} s)")
+        if scan is not None:
+            h50, h99 = percentile(r["hnsw"], 0.5) * 1e3, percentile(r["hnsw"], 0.99) * 1e3
+            s50, s99 = percentile(r["scan"], 0.5) * 1e3, percentile(r["scan"], 0.99) * 1e3
+            print(f"  hnsw  p50 {h50:8.2f} ms  p99 {h99:8.2f} ms  ({len(r['hnsw'])} queries,"
+                  f" recall@{K} {r['recall']:.3f})"
+                  f"\n  scan  p50 {s50:8.2f} ms  p99 {s99:8.2f} ms  ({len(r['scan'])} queries)"
+                  f"\n  scan/hnsw p50 {s50 / h50:.0f}x  p99 {s99 / h99:.0f}x"
+                  f"   load {os.getloadavg()[0]:.2f}")
+        for reader, (modes, load_after) in r.get("modes", {}).items():
             line = ", ".join(f"{mode} p50 {percentile(lat, 0.5) * 1e3:.2f} / p99 "
                              f"{percentile(lat, 0.99) * 1e3:.2f} ms"
                              for mode, lat in modes.items())
             hybrid_vector = percentile(modes["hybrid"], 0.99) / percentile(modes["vector"],
                                                                            0.99)
             print(f"  modes, reading {reader} (1/{OWNERS} of the chunks for one owner): "
-                  f"{line}; hybrid/vector p99 x{hybrid_vector:.2f}")
-    if args.questions:
+                  f"{line}; hybrid/vector p99 x{hybrid_vector:.2f}   load {load_after:.2f}")
+    if args.questions and "recall" in args.parts:
         found = await recall(hnsw, args.questions)
         print(f"recall@5 on {3 * args.questions} generated questions ({args.questions} "
               "documents about made-up names): " + ", ".join(
                   f"{mode} {value:.3f}" for mode, value in found.items())
-              + f"; hybrid/vector x{found['hybrid'] / found['vector']:.2f}")
+              + f"; hybrid/vector x{found['hybrid'] / found['vector']:.2f}"
+              f"   load {os.getloadavg()[0]:.2f}")
+    if "embed" in args.parts:
+        await embed_part(hnsw, args)
+
+
+async def embed_part(hnsw: Runtime, args: argparse.Namespace) -> None:
+    """The query embedding's time and the embed stage against the model called directly."""
     q = await query_embedding(200)
     print(f"query embedding (local model, its thread): p50 "
           f"{percentile(q, 0.5) * 1e3:.2f} ms  p99 {percentile(q, 0.99) * 1e3:.2f} ms")
@@ -322,6 +341,16 @@ async def measure(hnsw: Runtime, scan: Runtime, args: argparse.Namespace) -> Non
           f"   load {os.getloadavg()[0]:.2f}")
 
 
+PARTS = ("search", "modes", "recall", "embed")
+
+
+def _parts(text: str) -> list[str]:
+    parts = [p for p in text.split(",") if p]
+    if not parts or set(parts) - set(PARTS):
+        raise argparse.ArgumentTypeError(f"parts are some of {', '.join(PARTS)}")
+    return parts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x],
@@ -335,6 +364,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="embed: items per transaction")
     parser.add_argument("--questions", type=int, default=300,
                         help="documents of the recall@5 question set (0: none)")
+    parser.add_argument("--parts", type=_parts, default=list(PARTS),
+                        help=f"comma-separated, of {','.join(PARTS)} (default: all)")
     run_in_tempdir(run, parser.parse_args())
     return 0
 
