@@ -48,7 +48,8 @@ from gateway.pipeline.stages import (
     progress_topic,
     seen_key,
 )
-from gateway.push import feed
+from gateway.push.feed import check_row
+from gateway.push.protocol import check_topic
 from gateway.push.sequencer import Sequencer
 
 log = logging.getLogger("gateway.pipeline")
@@ -65,14 +66,29 @@ _TYPE_NAME = {v: k for k, v in TYPE_BONUS.items()}
 # the margin for journal rows written before they carried their lease's Redis time.
 RUN_SKEW_MS = 60_000
 
+# The batch's journal rows and, for the items whose row is new, their feed rows (pending,
+# numbered after the commit: one per ``feed_topics``, at most two, in lease order), in one
+# statement: one round trip, and PostgreSQL builds the rows' JSON. Items whose
+# row already exists were committed by an earlier holder: no feed rows, only acknowledged.
 # leased_ms: the Redis time of the FETCH that leased the item (``_new_runs`` tells runs apart
 # by it).
 _JOURNAL = """
-INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type, leased_ms)
-SELECT item_id, $2, $3, priority, doc_type, leased_ms
-FROM unnest($1::text[], $4::text[], $5::text[], $6::bigint[])
-    AS t(item_id, priority, doc_type, leased_ms)
-ON CONFLICT DO NOTHING RETURNING item_id
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],
+                         $8::text[])
+        WITH ORDINALITY AS t(item_id, priority, doc_type, leased_ms, topic1, topic2, ord)
+), journaled AS (
+    INSERT INTO pipeline_journal (item_id, stage, worker, priority, doc_type, leased_ms)
+    SELECT item_id, $2, $3, priority, doc_type, leased_ms FROM batch ORDER BY ord
+    ON CONFLICT DO NOTHING RETURNING item_id
+), fed AS (
+    INSERT INTO feed_pending (topic, kind, payload)
+    SELECT f.topic, $2, jsonb_build_object('item_id', b.item_id, 'stage', $2::text)
+    FROM batch AS b JOIN journaled AS j USING (item_id)
+    CROSS JOIN LATERAL (VALUES (1, b.topic1), (2, b.topic2)) AS f(n, topic)
+    WHERE f.topic IS NOT NULL ORDER BY b.ord, f.n
+)
+SELECT item_id FROM journaled
 """
 
 
@@ -307,15 +323,9 @@ class StageWorker:
                            prepared_seconds: float = 0.0) -> tuple[set[str], list[Any]]:
         callbacks: list[Any] = []
         async with self.runtime.pg.acquire() as conn, conn.transaction():
-            # Items whose row already exists were committed by an earlier holder: they are
-            # only acknowledged.
-            fresh = {r["item_id"] for r in await conn.fetch(
-                _JOURNAL, [lease.item_id for lease, _ in batch], self.stage, self.name,
-                [ctx.priority for _, ctx in batch], [ctx.doc_type for _, ctx in batch],
-                [lease.started_ms for lease, _ in batch])}
+            fresh = await self._journal(conn, batch)
             if self.stage == STAGES[0] and len(fresh) < len(batch):
-                fresh |= await self._new_runs(conn, [(lease, (ctx.priority, ctx.doc_type))
-                                                     for lease, ctx in batch
+                fresh |= await self._new_runs(conn, [(lease, ctx) for lease, ctx in batch
                                                      if lease.item_id not in fresh])
             contexts = [ctx for lease, ctx in batch if lease.item_id in fresh]
             for ctx in contexts:  # a redo starts from what prepare left, nothing else
@@ -323,16 +333,26 @@ class StageWorker:
             await self._handle(contexts, prepared_seconds)
             for ctx in contexts:
                 callbacks += ctx.after_commit
-            # Feed rows without offsets, one statement for the batch: nothing shared is
-            # locked, so the loops and processes of every stage commit side by side. Each
-            # completion goes to the operators' topic and to its owner's.
-            written = await feed.append_pending_rows(conn, [
-                (topic, self.stage, {"item_id": ctx.item_id, "stage": self.stage})
-                for ctx in contexts for topic in feed_topics(ctx.item_id)])
             if self.stage == STAGES[0]:  # a stored webhook shows on webhook:<source> too
                 callbacks += await webhook_rows.append(
                     conn, ((ctx.item_id, ctx.document) for ctx in contexts), self.sequencer)
+        written = {topic for ctx in contexts for topic in feed_topics(ctx.item_id)}
         return written, callbacks
+
+    async def _journal(self, conn: asyncpg.Connection,
+                       batch: list[tuple[queue.LeasedItem, StageContext]]) -> set[str]:
+        """Journal rows for ``batch`` and the feed rows of each new one (``_JOURNAL``);
+        returns the items whose rows are new. Nothing shared is locked by the feed rows, so
+        the loops and processes of every stage commit side by side."""
+        topics = [(*feed_topics(lease.item_id), None)[:2] for lease, _ in batch]
+        for topic in {topic for pair in topics for topic in pair if topic is not None}:
+            check_topic(topic)
+        check_row(self.stage, {})
+        return {r["item_id"] for r in await conn.fetch(
+            _JOURNAL, [lease.item_id for lease, _ in batch], self.stage, self.name,
+            [ctx.priority for _, ctx in batch], [ctx.doc_type for _, ctx in batch],
+            [lease.started_ms for lease, _ in batch], [pair[0] for pair in topics],
+            [pair[1] for pair in topics])}
 
     async def _handle(self, contexts: list[StageContext], prepared_seconds: float) -> None:
         """Each item's handler in turn, or all at once through its ``many``."""
@@ -366,7 +386,7 @@ class StageWorker:
                             failed)
 
     async def _new_runs(self, conn: asyncpg.Connection,
-                        held: list[tuple[queue.LeasedItem, tuple[str, str]]]) -> set[str]:
+                        held: list[tuple[queue.LeasedItem, StageContext]]) -> set[str]:
         """Of the first stage's items whose journal rows exist, those accepted again after
         their dedup window: their rows are an earlier run's, leased before this run was first
         seen (both Redis times, so exact whatever the window), so they are dropped and the
@@ -380,7 +400,7 @@ class StageWorker:
             " extract(epoch FROM max(completed_at)) * 1000 AS at"
             " FROM pipeline_journal WHERE item_id = ANY($1::text[]) GROUP BY item_id", ids)
         journal = {r["item_id"]: r for r in rows}
-        earlier = [(lease, name) for (lease, name), first in zip(held, seen, strict=True)
+        earlier = [(lease, ctx) for (lease, ctx), first in zip(held, seen, strict=True)
                    if first is not None and lease.item_id in journal
                    and _before_run(journal[lease.item_id], int(first))]
         if not earlier:
@@ -389,9 +409,7 @@ class StageWorker:
         log.info("%s: %d item(s) accepted again after their dedup window: stages run anew",
                  self.stage, len(stale))
         await conn.execute("DELETE FROM pipeline_journal WHERE item_id = ANY($1::text[])", stale)
-        return {r["item_id"] for r in await conn.fetch(
-            _JOURNAL, stale, self.stage, self.name, [name[0] for _, name in earlier],
-            [name[1] for _, name in earlier], [lease.started_ms for lease, _ in earlier])}
+        return await self._journal(conn, earlier)
 
     async def _complete(self, leases: list[queue.LeasedItem]) -> None:
         if not leases:
