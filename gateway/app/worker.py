@@ -16,7 +16,7 @@ from gateway.knowledge import embedders
 from gateway.knowledge.stages import DEFAULTS
 from gateway.pipeline import queue
 from gateway.pipeline.handlers import Handler, load_handlers
-from gateway.pipeline.stages import STAGES
+from gateway.pipeline.stages import STAGES, next_stage
 from gateway.pipeline.status import refresh_depth_gauges
 from gateway.pipeline.worker import StageWorker, WorkerConfig, run_together
 from gateway.push.sequencer import Sequencer
@@ -56,9 +56,13 @@ async def run_workers(runtime: Runtime, stop: asyncio.Event, *,
     # benchmark waiting for "ready" sees no start-up cost after it).
     log.info("worker: stages %s, concurrency %d: ready", ",".join(stages), concurrency)
     sequencer = Sequencer(runtime.pg, runtime.cache)  # one numbering pass for every stage
-    tasks = [asyncio.create_task(StageWorker(runtime, stage, handlers[stage], config,
-                                             sequencer=sequencer)
-                                 .run(stop, concurrency)) for stage in stages]
+    workers = {stage: StageWorker(runtime, stage, handlers[stage], config, sequencer=sequencer)
+               for stage in stages}
+    for stage, worker in workers.items():  # completions wake the next stage's idle loops
+        after = next_stage(stage)
+        if after in workers:
+            worker.link(workers[after])
+    tasks = [asyncio.create_task(worker.run(stop, concurrency)) for worker in workers.values()]
     tasks.append(asyncio.create_task(reclaim_loop(runtime, stop, config)))
     tasks.append(asyncio.create_task(sequencer.run_sweeper(stop)))
     await run_together(tasks)

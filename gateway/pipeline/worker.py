@@ -170,7 +170,12 @@ class StageWorker:
     ``config.batch_seconds``: ``BatchSizer``) and commits their handlers' writes, journal
     rows and feed rows in one transaction (group commit: one fsync for the batch). The
     stages of one process share ``sequencer``, so one numbering pass covers the feed rows
-    of all."""
+    of all.
+
+    ``feeds`` is the worker of the next stage when this process runs it too (``link``): its
+    idle loops are woken by the completions of this one instead of polling (FETCHes that
+    find nothing were most of a stage's FETCHes), and wait at most ``idle_max`` for items
+    that other processes (or RECLAIM, or a due retry) put in their stage."""
 
     def __init__(self, runtime: Any, stage: str, handler: Handler, config: WorkerConfig,
                  *, name: str | None = None, sequencer: Sequencer | None = None) -> None:
@@ -181,18 +186,39 @@ class StageWorker:
         self.name = name or worker_id()
         self.sequencer = sequencer or Sequencer(runtime.pg, runtime.cache)
         self.sizer = BatchSizer(config.batch, config.batch_seconds)
+        self.feeds: StageWorker | None = None
+        self.fed = False  # a worker of this process completes items into this stage
+        self._arrived: list[asyncio.Event] = []  # one per loop: ``wake`` sets them
+
+    def link(self, after: StageWorker) -> None:
+        """This worker's completions go to ``after``'s stage: wake its loops."""
+        self.feeds, after.fed = after, True
 
     async def run(self, stop: asyncio.Event, concurrency: int) -> None:
-        await run_together([asyncio.create_task(self._loop(stop)) for _ in range(concurrency)])
+        await run_together([asyncio.create_task(self._loop(stop)) for _ in range(concurrency)]
+                           + [asyncio.create_task(self._wake_on(stop))])
+
+    def wake(self) -> None:
+        """Items arrived in this stage: every idle loop fetches now."""
+        for arrived in self._arrived:
+            arrived.set()
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.wake()
 
     async def _loop(self, stop: asyncio.Event) -> None:
         idle = self.config.idle_min
+        # Set by ``wake``; each loop has its own, so no loop clears another's wake-up.
+        arrived = asyncio.Event()
+        self._arrived.append(arrived)
         maintenance = view_for(self.runtime.durable)
         while not stop.is_set():
             if (await maintenance.current()).on:  # finish what is held, take nothing new
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), REFRESH_SECONDS)
                 continue
+            arrived.clear()  # arrivals from here on end the wait after an empty FETCH
             try:
                 leases = await queue.fetch_many(self.runtime.durable, self.stage, self.name,
                                                 self.config.lease_ms, self.sizer.size(),
@@ -202,8 +228,10 @@ class StageWorker:
                 leases = []
                 idle = self.config.idle_max
             if not leases:
+                # Fed by this process: its completions wake the loop, so it need not poll.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), idle)
+                    await asyncio.wait_for(arrived.wait(),
+                                           self.config.idle_max if self.fed else idle)
                 idle = min(idle * 2, self.config.idle_max)
                 continue
             idle = self.config.idle_min
@@ -426,6 +454,8 @@ class StageWorker:
         metrics.COMPLETED.labels(self.stage).inc(ok)
         if after and ok:
             metrics.ENQUEUED.labels(after).inc(ok)
+            if self.feeds is not None:
+                self.feeds.wake()
 
     async def _heartbeat(self, leases: list[queue.LeasedItem], work: asyncio.Task[Any]) -> None:
         """Extend the leases every heartbeat; when every lease is lost, stop the work."""

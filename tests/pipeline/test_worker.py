@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import asyncpg
 import pytest
@@ -75,6 +76,20 @@ async def test_items_flow_through_all_stages_with_default_handlers(runtime):
 
 async def _all_journaled(runtime, n: int) -> bool:
     return await _journal_count(runtime) >= n
+
+
+async def test_a_stage_fed_by_this_process_is_woken_by_its_completions(runtime):
+    """The loops of chunk, embed and graph wait up to ``idle_max`` (60 s here) after a FETCH
+    that found nothing (their first: their stages are empty until store completes the item),
+    and the completions of the stage before wake them: the item passes every stage long
+    before one such wait could have ended."""
+    config = dataclasses.replace(FAST, idle_max=60.0)
+    assert await queue.enqueue(runtime.durable, "woken", {"text": TEXT})
+    async with _workers(runtime, config=config):
+        await wait_until(lambda: _all_journaled(runtime, 4), timeout=30,
+                         message="the item through all four stages")
+    assert await job_status(runtime, "woken") == {
+        "item_id": "woken", "state": "done", "stages": dict.fromkeys(STAGES, "done")}
 
 
 async def test_failing_handler_retries_then_dead_letters(runtime):
