@@ -91,7 +91,7 @@ class ConversationService:
         """Handle a message whose chat the caller holds exclusively across every process
         (an inbox lease, fenced before each send): no chat lock of our own is needed."""
         async with self.in_flight, self.runtime.pg.acquire() as conn:
-            return await self._handle_locked(conn, incoming, send)
+            return await self._handle_locked(conn, incoming, send, last=True)
 
     async def handle(self, incoming: Incoming, send: Send) -> Outcome:
         async with self.locks.hold(f"{incoming.platform}:{chat_key(incoming)}"), \
@@ -106,7 +106,9 @@ class ConversationService:
                         await store.unlock_chat(conn, incoming)
 
     async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
-                             send: Send) -> Outcome:
+                             send: Send, *, last: bool = False) -> Outcome:
+        """``last``: the connection goes back to the pool right after (the settle of the
+        reply, the last statement, then takes the pool's reset along)."""
         command = command_of(incoming.text)
         # Answered, never stored: a link code must not reach the feed, and a chat's
         # subscription commands are for the gateway, not the conversation.
@@ -119,7 +121,7 @@ class ConversationService:
             return Outcome(0, 0, answer_text, delivered)
         received = await self._receive(conn, incoming, command)
         if received.duplicate and received.reply_seq is not None:
-            return await self._redelivered(conn, incoming, send, received)
+            return await self._redelivered(conn, incoming, send, received, last)
         # New, or stored before but never answered (the process died): run the handler.
         conversation_id, seq = received.conversation_id, received.seq
         answered = await self._run_handler(conn, incoming, conversation_id, seq, command,
@@ -138,10 +140,10 @@ class ConversationService:
                         incoming.platform, incoming.chat, seq, conversation_id)
             return await self._send_stored(
                 conn, incoming, send, conversation_id, seq, answer.seq, answer.text,
-                await store.settled(conn, conversation_id, answer.seq))
+                await store.settled(conn, conversation_id, answer.seq), last)
         await self._publish(answer.row)
         delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
-                                        reply)
+                                        reply, last)
         return Outcome(conversation_id, seq, reply, delivered)
 
     async def receive_leased(self, incoming: Incoming) -> store.Received:
@@ -168,23 +170,24 @@ class ConversationService:
         await feed.publish(self.runtime.cache, row, self.cache)
 
     async def _redelivered(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
-                           seen: store.Received) -> Outcome:
+                           seen: store.Received, last: bool) -> Outcome:
         """The platform sent a message we stored and answered before: at most once."""
         if seen.reply_seq is None or seen.reply_text is None:
             return Outcome(seen.conversation_id, seen.seq, seen.reply_text, False,
                            duplicate=True)
         return await self._send_stored(conn, incoming, send, seen.conversation_id, seen.seq,
-                                       seen.reply_seq, seen.reply_text, seen.reply_settled)
+                                       seen.reply_seq, seen.reply_text, seen.reply_settled,
+                                       last)
 
     async def _send_stored(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
                            conversation_id: int, seq: int, reply_seq: int, text: str,
-                           settled: bool) -> Outcome:
+                           settled: bool, last: bool) -> Outcome:
         """A reply stored before: sent now unless it left our hands already (``settled``:
         delivered or dead-lettered); its holder died, or lost the chat, in between."""
         delivered = False
         if not settled:
             delivered = await self._deliver(conn, incoming, send, conversation_id, reply_seq,
-                                            text)
+                                            text, last)
         return Outcome(conversation_id, seq, text, delivered, duplicate=True)
 
     async def _written(self, incoming: Incoming, send: Send,
@@ -201,7 +204,7 @@ class ConversationService:
         return await live.write_live(deltas, send, pace, APOLOGY)
 
     async def _deliver(self, conn: asyncpg.Connection, incoming: Incoming, send: Send,
-                       conversation_id: int, seq: int, text: str) -> bool:
+                       conversation_id: int, seq: int, text: str, last: bool) -> bool:
         # Everything below runs on the connection this message already holds: asking the
         # pool for a second one could wait forever once every connection is a waiting chat.
         shown = text
@@ -215,7 +218,7 @@ class ConversationService:
         delivered = await deliver(conn, self.limiter, limits,
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
-        await store.settle(conn, conversation_id, seq)
+        await store.settle(conn, conversation_id, seq, last=last)
         return delivered
 
     async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,

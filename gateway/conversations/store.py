@@ -151,8 +151,15 @@ def payload(incoming: Incoming, message: Message) -> dict[str, Any]:
 
 
 async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
-                 seq: int) -> None:
-    """The reply left our hands (delivered or dead-lettered)."""
+                 seq: int, *, last: bool = False) -> None:
+    """The reply left our hands (delivered or dead-lettered). ``last``: the caller releases
+    the pooled connection next, so the pool's reset rides in this round trip
+    (``GatewayConnection.execute_last``; the ids are integers, written into the text)."""
+    if last and hasattr(conn, "execute_last"):
+        await conn.execute_last(
+            "UPDATE conversation_messages SET settled_at = now()"
+            f" WHERE conversation_id = {int(conversation_id)} AND seq = {int(seq)}")
+        return
     await conn.execute(
         "UPDATE conversation_messages SET settled_at = now()"
         " WHERE conversation_id = $1 AND seq = $2", conversation_id, seq)

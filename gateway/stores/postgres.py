@@ -31,6 +31,46 @@ COMMAND_TIMEOUT_SECONDS = 30.0
 CONNECT_SECONDS = 5.0
 
 
+class GatewayConnection(asyncpg.Connection):
+    """A pooled connection that can run its borrower's last statement and the pool's reset
+    (``get_reset_query``: advisory locks, cursors, LISTEN, session settings) in one round
+    trip: ``execute_last``. Nothing else differs."""
+
+    _reset_at: int | None = None  # queries_count right after execute_last's reset
+
+    async def execute_last(self, statement: str) -> None:
+        """Run ``statement`` (a simple query: no arguments), then reset the session in the
+        same round trip, as the pool does on release, which then skips its own reset. Only
+        when no transaction is open (a rollback on release would undo ``statement``) and
+        only if no query runs on the connection after it: else the pool resets as usual."""
+        if self.is_in_transaction():
+            await self.execute(statement)
+            return
+        await self.execute(f"{statement};\n{self.get_reset_query()}")
+        self._reset_at = _queries(self)
+
+    def take_reset(self) -> bool:
+        """The session was reset by ``execute_last`` and nothing ran since (for the pool's
+        release; forgets the mark)."""
+        done = self._reset_at is not None and self._reset_at == _queries(self)
+        self._reset_at = None
+        return done and not self.is_in_transaction()
+
+
+def _queries(conn: asyncpg.Connection) -> int | None:
+    # The count asyncpg's pool itself reads for max_queries; None (reset as usual) if a
+    # later asyncpg has no such counter.
+    return getattr(getattr(conn, "_protocol", None), "queries_count", None)
+
+
+async def _reset(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release (after asyncpg's own rollback of an open transaction):
+    asyncpg's reset query, unless ``execute_last`` ran it with the borrower's last statement."""
+    if isinstance(conn, GatewayConnection) and conn.take_reset():
+        return
+    await conn.execute(conn.get_reset_query())
+
+
 class BoundedPool(asyncpg.Pool):
     """An asyncpg pool whose ``acquire()`` waits at most ``acquire_seconds`` for a connection
     (opening a new one included) unless the caller gives its own timeout; then
@@ -59,7 +99,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
     pool = BoundedPool(dsn, acquire_seconds=acquire_seconds, min_size=min_size,
                        max_size=max_size, max_queries=50_000,
                        max_inactive_connection_lifetime=300.0, init=_init_connection,
-                       loop=None, connection_class=asyncpg.Connection,
+                       reset=_reset, loop=None, connection_class=GatewayConnection,
                        record_class=asyncpg.Record, command_timeout=command_timeout,
                        timeout=connect_seconds, server_settings=server_settings)
     await pool

@@ -89,3 +89,37 @@ async def test_an_exhausted_read_pool_refuses_reads_and_unknown_keys_in_time(
     status, _, _ = await timed(client, "/v1/feed?topic=pipeline",
                                headers={"Authorization": f"Bearer {UNKNOWN_KEY}"})
     assert status == 401
+
+
+async def test_a_last_statement_takes_the_pools_reset_along_and_only_when_last(
+        servers: ServerSet) -> None:
+    """``execute_last`` runs its statement and the session reset in one round trip and the
+    release then skips its own; any query after it, or an open transaction, and the release
+    resets as usual: settings, advisory locks never outlive a borrow either way."""
+    pool = await postgres.create_pool(servers.database_url, max_size=1)
+    other = await postgres.create_pool(servers.database_url, max_size=1)
+    lock = "SELECT pg_try_advisory_lock(4242)"
+    try:
+        await pool.execute("CREATE TABLE IF NOT EXISTS reset_probe (n int)")
+        async with pool.acquire() as conn:
+            await conn.execute("SET application_name = 'borrowed'")
+            assert await conn.fetchval(lock)
+            await conn.execute_last("INSERT INTO reset_probe VALUES (1)")
+            assert conn.take_reset() and not conn.take_reset()  # the mark is taken once
+            await conn.execute_last("INSERT INTO reset_probe VALUES (2)")
+        assert await other.fetchval(lock)  # the session's lock went with the reset
+        await other.execute("SELECT pg_advisory_unlock_all()")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW application_name") != "borrowed"
+            await conn.execute_last("INSERT INTO reset_probe VALUES (3)")
+            assert await conn.fetchval(lock)  # after the reset: the release resets again
+        assert await other.fetchval(lock)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute_last("INSERT INTO reset_probe VALUES (4)")  # commits with it
+            assert not conn.take_reset()
+        assert sorted(await pool.fetchval("SELECT array_agg(n) FROM reset_probe")) == [
+            1, 2, 3, 4]
+    finally:
+        await pool.execute("DROP TABLE IF EXISTS reset_probe")
+        await pool.close()
+        await other.close()
