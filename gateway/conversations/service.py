@@ -36,7 +36,7 @@ from gateway.push import feed
 from gateway.push.protocol import FeedRow
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
 from gateway.stores.coalesce import AutoPipeline
-from gateway.stores.runtime import Runtime
+from gateway.stores.runtime import Runtime, chat_pipeline
 
 __all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
 
@@ -66,9 +66,9 @@ class ConversationService:
         section = settings.section("conversations")
         self.runtime = runtime
         self.handler = handler or handler_for(settings)
-        # The platform limits of concurrent replies share round trips (and a reply's
-        # buckets are asked in one: ``delivery.admit``).
-        self.limiter = Limiter(runtime.durable, AutoPipeline(runtime.durable))
+        # The platform limits of concurrent replies share round trips with each other and
+        # with the inbox's commands (a reply's buckets are asked in one: ``delivery.admit``).
+        self.limiter = Limiter(runtime.durable, chat_pipeline(runtime))
         self.providers = Providers(self.limiter, provider_limits(settings))
         self.limits = platform_limits(settings)
         self.policy = RetryPolicy.from_settings(settings)

@@ -22,7 +22,7 @@ from gateway.inbox.consumer import ConsumerConfig, InboxConsumer, Process, Sende
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Inbox, InboxLimits, Pushed
 from gateway.outbound.delivery import Send
-from gateway.stores.runtime import Runtime, durable_pipeline
+from gateway.stores.runtime import Runtime, chat_pipeline
 
 _LIMITS = field_types(InboxLimits)
 _CONSUMER = field_types(ConsumerConfig)
@@ -43,7 +43,7 @@ class PlatformInbox:
                  process: Process | None = None) -> None:
         limits, config = configs(runtime.settings)
         self.runtime = runtime
-        self.queue = Inbox(runtime.durable, platform, limits, durable_pipeline(runtime),
+        self.queue = Inbox(runtime.durable, platform, limits, chat_pipeline(runtime),
                            shards=runtime.settings.inbox_shards)
         self.consumer = InboxConsumer(runtime, self.queue, sender_for,
                                       process or self._process, config)

@@ -129,3 +129,19 @@ def durable_pipeline(runtime: Runtime) -> AutoPipeline:
     """A command coalescer on redis-durable for acknowledged writes: with
     ``GATEWAY_DURABLE_ACK=aof`` each of its batches waits until it is on the server's disk."""
     return AutoPipeline(runtime.durable, wait_aof=runtime.settings.durable_ack == "aof")
+
+
+_CHAT_PIPELINE = "_chat_durable_pipeline"
+
+
+def chat_pipeline(runtime: Runtime) -> AutoPipeline:
+    """The runtime's one coalescer on redis-durable for the chat path (every platform's
+    inbox: push, fence, sent mark, ack; and the platform limits of the replies), so the
+    commands of concurrent chats share round trips whatever part of a message each is at.
+    Acknowledged writes go through it: with ``GATEWAY_DURABLE_ACK=aof`` it waits for the
+    disk like ``durable_pipeline``."""
+    auto = getattr(runtime, _CHAT_PIPELINE, None)
+    if auto is None:
+        auto = durable_pipeline(runtime)
+        setattr(runtime, _CHAT_PIPELINE, auto)
+    return auto
