@@ -217,8 +217,8 @@ class Limiter:
         if not decision.admitted or not decision.attempt:
             return
         log_key = window_key(decision.name)
-        await self._amend(keys=[log_key, log_key + ":total"],
-                          args=[decision.attempt, 1, 0, round(decision.window * _MICRO)])
+        await self._run(self._amend, [log_key, log_key + ":total"],
+                        [decision.attempt, 1, 0, round(decision.window * _MICRO)])
 
     async def try_acquire(self, name: str, *, rate: float, period: float, burst: int = 1,
                           cost: int = 1) -> float:
