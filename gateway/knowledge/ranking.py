@@ -133,11 +133,18 @@ async def ranked(runtime: Any, query: str, limit: int, readable: Readable,
                                   RRF_K, timeout)
         if rows is not None:
             return [_fused_hit(row) for row in rows]
-    # A filtered walk that found too few (or a query of no meaning): the two lists one after
-    # the other, on one client-read connection at a time (side by side, two searches held
-    # all four of the read pool's connections and the feed got 503s). A question of common
-    # words only is ranked by meaning alone: its text matches are most chunks, and would
-    # cost the most to rank.
+    return await two_lists(runtime, query, embedded, limit, readable, timeout)
+
+
+async def two_lists(runtime: Any, query: str, embedded: Embedded, limit: int,
+                    readable: Readable, timeout: float | None = None) -> list[Hit]:
+    """Hybrid's answer as two statements fused here: the way for a filtered walk that found
+    too few (``vectors.nearest`` then ranks exactly) or a query of no meaning, and the
+    bench's baseline for the one statement. One after the other, on one client-read
+    connection at a time (side by side, two searches held all four of the read pool's
+    connections and the feed got 503s). A question of common words only is ranked by
+    meaning alone: its text matches are most chunks, and would cost the most to rank."""
+    depth = max(limit, CANDIDATES)
     nearest = await _nearest(runtime, embedded, depth, readable, timeout)
     matching = await _matching(runtime, query, depth, readable, timeout, all_common=False)
     return fuse([nearest, matching], limit)

@@ -109,11 +109,7 @@ async def test_one_statement_ranks_as_the_two_lists_fused(runtime, corpus) -> No
             assert rows is not None  # the walk found its depth: no second way taken
             one = await ranking.ranked(runtime, question.text, 5, readable,
                                        embedded=embedded)
-            depth = ranking.CANDIDATES
-            two = ranking.fuse([
-                await ranking._nearest(runtime, embedded, depth, readable, None),
-                await ranking._matching(runtime, question.text, depth, readable, None,
-                                        all_common=False)], 5)
+            two = await ranking.two_lists(runtime, question.text, embedded, 5, readable)
 
             def seen(hits: list[ranking.Hit]) -> list[tuple[Any, ...]]:
                 return [(h.item_id, h.seq, h.owner, round(h.score, 12), h.matched,
