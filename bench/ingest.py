@@ -398,6 +398,8 @@ def main() -> int:
                         help="also measure GATEWAY_DURABLE_ACK=aof against the default")
     parser.add_argument("--uvloop", action="store_true",
                         help="run both servers on uvloop (gateway serve uses asyncio's loop)")
+    parser.add_argument("--uvloop-gateway", action="store_true",
+                        help="also run gateway serve on uvloop, beside it on asyncio's loop")
     parser.add_argument("--profile", metavar="FILE",
                         help="run the gateway under py-spy, collapsed stacks to FILE")
     args = parser.parse_args()
@@ -446,10 +448,11 @@ def main() -> int:
                "GATEWAY_WEBHOOK_SECRETS": f"bench={SECRET}", "GATEWAY_LOG_LEVEL": "WARNING"}
         gateway_cmd = ["taskset", "-c", str(args.server_core), sys.executable, "-m",
                        "gateway.cli", "serve"]
+        uvloop_cmd = [*gateway_cmd[:-3], "-c", "import sys, uvloop; uvloop.install(); "
+                      "from gateway.cli import main; sys.exit(main(['serve']))"]
         if args.uvloop:
             env["BENCH_UVLOOP"] = "1"
-            gateway_cmd[-3:] = ["-c", "import sys, uvloop; uvloop.install(); "
-                                "from gateway.cli import main; sys.exit(main(['serve']))"]
+            gateway_cmd = list(uvloop_cmd)
         if args.profile:
             gateway_cmd[3:3] = ["py-spy", "record", "-r", "250", "-f", "raw", "-o",
                                 args.profile, "--"]
@@ -465,6 +468,8 @@ def main() -> int:
             servers_run = [("bare", bare_cmd, env), ("gateway", gateway_cmd, env)]
             if args.naive:
                 servers_run.append(("naive", bare_cmd, {**env, "BENCH_NAIVE_URL": durable.url}))
+            if args.uvloop_gateway:
+                servers_run.append(("gw-uvloop", uvloop_cmd, env))
             if durable_aof is not None:
                 servers_run.append(("gateway-aof", gateway_cmd,
                                     {**env, "GATEWAY_DURABLE_ACK": "aof",
@@ -503,6 +508,12 @@ def main() -> int:
                 print(f"round {round_no}  ratio gateway-aof/gateway = "
                       f"{aof.rps / plain.rps:.2f} (req/s), p50 {aof.p50_ms:.2f} vs "
                       f"{plain.p50_ms:.2f} ms, p99 {aof.p99_ms:.2f} vs {plain.p99_ms:.2f} ms")
+            if "gw-uvloop" in results:
+                fast, plain = results["gw-uvloop"], results["gateway"]
+                print(f"round {round_no}  ratio gw-uvloop/gateway = {fast.rps / plain.rps:.2f} "
+                      f"(req/s), {plain.cpu_us / fast.cpu_us:.2f} (inverse CPU per request); "
+                      f"gw-uvloop/bare {fast.rps / results['bare'].rps:.2f} (req/s), "
+                      f"{results['bare'].cpu_us / fast.cpu_us:.2f} (CPU)")
             if "naive" in results:
                 print(f"round {round_no}  ratio naive/bare = "
                       f"{results['naive'].rps / results['bare'].rps:.2f} (req/s), "

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from gateway.api.state import add_readiness_check
+from gateway.app import loop
 from gateway.app.process import Service, install_stop_signals, preflight
 from gateway.app.worker import reclaim_service
 from gateway.config import ConfigError, Settings
@@ -114,5 +115,4 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         from gateway.app import supervisor
         return supervisor.run(settings.host, settings.port, args.processes,
                               telegram_polling=settings.telegram_polling)
-    return asyncio.run(run(settings, services=[reclaim_service()],
-                           reuse_port=args.reuse_port))
+    return loop.run(run(settings, services=[reclaim_service()], reuse_port=args.reuse_port))

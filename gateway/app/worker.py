@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from gateway.app import loop
 from gateway.app.process import Service, install_stop_signals
 from gateway.config import Settings
 from gateway.knowledge import embedders
@@ -105,4 +106,4 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gateway worker: configuration error: [pipeline.handlers]: {exc}",
               file=sys.stderr)
         return 2
-    return asyncio.run(_main(settings, list(args.stages), args.concurrency))
+    return loop.run(_main(settings, list(args.stages), args.concurrency))

@@ -142,16 +142,16 @@ class _Admitted(asyncio.Protocol):
         if transport is None:
             return
         self.connection_lost(None)  # gives the slot back and tells aiohttp
-        if isinstance(transport, asyncio.Transport):
-            transport.abort()  # nothing to flush: it was idle
+        abort = getattr(transport, "abort", None)  # uvloop's are no asyncio.Transport
+        if abort is not None:
+            abort()  # nothing to flush: it was idle
         else:
             transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.address, refusal = self.gate.admit(self, transport)
         if refusal is not None:
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(refusal)
+            transport.write(refusal)  # type: ignore[attr-defined]  # any stream transport
             transport.close()
             return
         self.transport = transport
