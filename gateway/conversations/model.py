@@ -44,6 +44,8 @@ class Incoming:
 
 def storable(text: str) -> str:
     """``text`` with NUL and lone surrogates replaced by U+FFFD (PostgreSQL refuses both)."""
+    if text.isascii() and "\x00" not in text:  # the usual case, without the regex (C speed)
+        return text
     return _UNSTORABLE.sub("\ufffd", text)
 
 

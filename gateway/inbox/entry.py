@@ -15,6 +15,7 @@ from typing import Any
 from gateway.conversations.model import Incoming
 
 VERSION = 1
+_INCOMING_FIELDS = tuple(f.name for f in dataclasses.fields(Incoming))
 
 
 class BadEntry(ValueError):
@@ -27,7 +28,10 @@ class Entry:
     route: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> str:
-        return json.dumps({"v": VERSION, "incoming": dataclasses.asdict(self.incoming),
+        # Incoming's fields are all str or None: a shallow dict is ``asdict``'s result,
+        # without its recursive deep copy (a third of the encoding's time).
+        incoming = {name: getattr(self.incoming, name) for name in _INCOMING_FIELDS}
+        return json.dumps({"v": VERSION, "incoming": incoming,
                            "route": self.route}, separators=(",", ":"), sort_keys=True,
                           ensure_ascii=False)
 
