@@ -116,8 +116,9 @@ class Settings:
     max_edges_per_document: int = 1000
     # "aof": a write to redis-durable is acknowledged only once WAITAOF confirms it on disk.
     durable_ack: str = "none"
-    # How many hash tags the inboxes' keys spread over (1: the one ``{inbox}`` tag): on
-    # Redis Cluster, more masters share the chat traffic.
+    # How many hash tags the pipeline's and the inboxes' keys spread over (1: the one
+    # ``{pipeline}`` / ``{inbox}`` tag): on Redis Cluster, more masters share the queues.
+    pipeline_shards: int = 1
     inbox_shards: int = 1
     # Access tokens (JWT): HS256 with the secret, and/or keys of an identity provider's JWKS.
     jwt_secret: Secret | None = None
@@ -308,6 +309,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "GATEWAY_MAX_CHUNKS_PER_DOCUMENT": ("max_chunks_per_document", _parse_count),
     "GATEWAY_MAX_EDGES_PER_DOCUMENT": ("max_edges_per_document", _parse_count),
     "GATEWAY_DURABLE_ACK": ("durable_ack", _parse_durable_ack),
+    "GATEWAY_PIPELINE_SHARDS": ("pipeline_shards", _parse_shards),
     "GATEWAY_INBOX_SHARDS": ("inbox_shards", _parse_shards),
     "GATEWAY_JWT_SECRET": ("jwt_secret", _parse_secret),
     "GATEWAY_JWT_JWKS_URL": ("jwt_jwks_url", _parse_http_url),

@@ -30,7 +30,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from gateway.dedup import claims
-from gateway.pipeline import metrics
+from gateway.pipeline import metrics, shards
 from gateway.pipeline.queue import AdmissionClass, Quota, add_call
 from gateway.pipeline.scripts import scripts_for
 from gateway.stores.coalesce import AutoPipeline
@@ -68,6 +68,7 @@ class Intaker:
         self._guard_add = scripts.guard_add
         self._ttl_arg = str(ttl)
         self._window_arg = str(ttl * 1000)
+        self._shard_count = shards.count_of(auto.redis)
         # One script when the claim and the item share one keyspace; tests switch it off to
         # drive the cluster's two-command path on a single instance.
         self.atomic = not auto.cluster
@@ -85,7 +86,7 @@ class Intaker:
         before."""
         add_keys, add_args = add_call(item_id, document, priority, doc_type,
                                       window=self._window_arg, quota=quota,
-                                      admission=admission)
+                                      admission=admission, shard_count=self._shard_count)
         if self.atomic and (claim_key is not None or guard is not None):
             if claim_key is None:
                 added = await self.auto.run_script(self._guard_add, [*add_keys, str(guard)],

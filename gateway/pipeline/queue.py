@@ -1,8 +1,10 @@
 """Enqueue into the pipeline and act on leases: thin typed wrappers over the Lua scripts.
 
 Everything that changes queue state is one script call, so every transition is atomic and
-takes its time from Redis. ``add_call`` builds one ADD's keys and arguments, for callers that
-send it with other commands in one round trip (the dedup intake's claim-and-enqueue).
+takes its time from Redis. Over several shards (``shards.py``) ADD goes to the item's shard,
+FETCH asks the shards in turn, and what follows a lease goes to the shard it names.
+``add_call`` builds one ADD's keys and arguments, for callers that send it with other
+commands in one round trip (the dedup intake's claim-and-enqueue).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.pipeline import metrics
+from gateway.pipeline import metrics, shards
 from gateway.pipeline.scripts import scripts_for
 from gateway.pipeline.stages import (
     DEDUP_WINDOW_MS,
@@ -22,6 +24,7 @@ from gateway.pipeline.stages import (
     PRIORITY_BASE,
     RECLAIM_BASE,
     STAGES,
+    TAG,
     TYPE_BONUS,
     check_stage,
     dead_key,
@@ -66,6 +69,7 @@ class LeasedItem:
     failures: int
     reclaims: int
     priority_base: float  # the base it was submitted with: its priority's name
+    tag: str = TAG  # the hash tag of the shard it was fetched from (and lives in)
 
 
 def _priority(priority: str, doc_type: str) -> tuple[int, int]:
@@ -81,9 +85,9 @@ def _priority(priority: str, doc_type: str) -> tuple[int, int]:
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _PRIORITY_ARGS = {(p, t): (str(base), str(bonus))
                   for p, base in PRIORITY_BASE.items() for t, bonus in TYPE_BONUS.items()}
-_ADD_KEYS = {(stage, p, t): (meta_key(), stats_key(stage),
-                             ready_class_key(stage, base - bonus))
-             for stage in STAGES for p, base in PRIORITY_BASE.items()
+_ADD_KEYS = {(tag, stage, p, t): (meta_key(tag), stats_key(stage, tag),
+                                  ready_class_key(stage, base - bonus, tag))
+             for tag in (TAG,) for stage in STAGES for p, base in PRIORITY_BASE.items()
              for t, bonus in TYPE_BONUS.items()}
 _WINDOW_ARG, _EPOCH_ARG, _TRIM_ARG = str(DEDUP_WINDOW_MS), str(EPOCH_MS), str(TRIM_SAMPLE)
 _NO_QUOTA_ARGS = ("0", "0")
@@ -112,25 +116,53 @@ _NO_QUOTA_KEY = quota_key("")
 _HELD_KEY = held_key()
 
 
+def _shard_keys(tag: str) -> None:
+    """ADD's per-shard keys of ``tag``, built once per tag on first use."""
+    for stage in STAGES:
+        for p, base in PRIORITY_BASE.items():
+            for t, bonus in TYPE_BONUS.items():
+                _ADD_KEYS[tag, stage, p, t] = (meta_key(tag), stats_key(stage, tag),
+                                               ready_class_key(stage, base - bonus, tag))
+
+
+def _share(limit: int, count: int) -> int:
+    """One shard's part of a limit kept per shard (0: none): ``ceil(limit / count)``."""
+    return -(-limit // count) if limit > 0 else 0
+
+
 def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str = "normal",
              doc_type: str = "other", *, stage: str = "store", force: bool = False,
              window: str = _WINDOW_ARG, quota: Quota | None = None,
-             admission: AdmissionClass | None = None) -> tuple[list[str], list[str]]:
+             admission: AdmissionClass | None = None,
+             shard_count: int = 1) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of one ADD call (validated), for ``scripts_for(client).add(...)``.
     ``window`` is the dedup window in milliseconds, as text (the inbound routes pass
     ``GATEWAY_DEDUP_TTL``'s, so the claim and ADD agree); ``quota``: refused (-3) when the
     owner's items in the pipeline would pass it; ``admission``: counted in its class's held
-    bytes, refused (-4) past the class's limit."""
+    bytes, refused (-4) past the class's limit. ``shard_count`` (``shards.count_of``): the
+    item goes to its shard, where the quota and the class's limit are kept per shard, each
+    with ``ceil(limit / shard_count)`` (docs/architecture.md, 6.1)."""
     if not item_id or not isinstance(item_id, str):
         raise ValueError("item_id must be a non-empty string")
+    tag = TAG if shard_count <= 1 else shards.item_tag(item_id, shard_count)
     try:
         base, bonus = _PRIORITY_ARGS[priority, doc_type]
-        keys = [seen_key(item_id), *_ADD_KEYS[stage, priority, doc_type],
-                quota_key(quota.owner) if quota else _NO_QUOTA_KEY, _HELD_KEY]
+        if tag != TAG and (tag, stage, priority, doc_type) not in _ADD_KEYS:
+            _shard_keys(tag)
+        keys = [seen_key(item_id, tag), *_ADD_KEYS[tag, stage, priority, doc_type],
+                quota_key(quota.owner, tag) if quota else
+                _NO_QUOTA_KEY if tag == TAG else quota_key("", tag),
+                _HELD_KEY if tag == TAG else held_key(tag)]
     except (KeyError, TypeError):
         _priority(priority, doc_type)  # raises the precise error
         check_stage(stage)
         raise
+    if shard_count > 1:
+        if quota:
+            quota = Quota(quota.owner, _share(quota.items, shard_count),
+                          _share(quota.bytes, shard_count))
+        if admission:
+            admission = AdmissionClass(admission.name, _share(admission.limit, shard_count))
     if document is None:
         payload = ""
     elif isinstance(document, str):  # the document's JSON, encoded by the caller
@@ -147,7 +179,8 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
 async def enqueue(durable: AnyRedis, item_id: str, document: dict[str, Any], *,
                   priority: str = "normal", doc_type: str = "other") -> bool:
     """ADD into the store stage: True if newly enqueued, False if seen within 7 days."""
-    keys, args = add_call(item_id, document, priority, doc_type)
+    keys, args = add_call(item_id, document, priority, doc_type,
+                          shard_count=shards.count_of(durable))
     added = bool(await scripts_for(durable).add(keys=keys, args=args))
     if added:
         metrics.ENQUEUED.labels("store").inc()
@@ -158,7 +191,8 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
                      doc_type: str, document: dict[str, Any] | str | None = None) -> bool:
     """Put an item back at ``stage`` ignoring the dedup window (recover); never duplicates an
     item still present in Redis."""
-    keys, args = add_call(item_id, document, priority, doc_type, stage=stage, force=True)
+    keys, args = add_call(item_id, document, priority, doc_type, stage=stage, force=True,
+                          shard_count=shards.count_of(durable))
     added = bool(await scripts_for(durable).add(keys=keys, args=args))
     if added:
         metrics.ENQUEUED.labels(stage).inc()
@@ -166,9 +200,9 @@ async def enqueue_at(durable: AnyRedis, item_id: str, stage: str, *, priority: s
 
 
 def fetch_call(stage: str, worker: str, token: str, lease_ms: int, count: int = 1,
-               max_bytes: int = 0) -> tuple[list[str], list[str]]:
-    keys = [delayed_key(stage), inflight_key(stage), deadline_key(stage), meta_key(),
-            *ready_keys(stage)]
+               max_bytes: int = 0, tag: str = TAG) -> tuple[list[str], list[str]]:
+    keys = [delayed_key(stage, tag), inflight_key(stage, tag), deadline_key(stage, tag),
+            meta_key(tag), *ready_keys(stage, tag)]
     return keys, [worker, token, str(lease_ms), str(PROMOTE_BATCH), str(EPOCH_MS), str(count),
                   stage, str(max_bytes)]
 
@@ -181,19 +215,29 @@ async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
 
     A FETCH retried after a lost reply may pop items under a token nobody knows; they are
     not lost, only late: RECLAIM returns them when their leases expire.
+
+    Over shards: one shard per call, the first in ``shards.fetch_order`` that has any (the
+    start moves on every call); the next shard is asked only when one is empty.
     """
     token = uuid.uuid4().hex
-    keys, args = fetch_call(stage, worker, token, lease_ms, count, max_bytes)
-    reply = await scripts_for(durable).fetch(keys=keys, args=args)
-    if not reply:
-        return []
+    script = scripts_for(durable).fetch
+    for tag in shards.fetch_order(durable, stage):
+        keys, args = fetch_call(stage, worker, token, lease_ms, count, max_bytes, tag)
+        reply = await script(keys=keys, args=args)
+        if reply:
+            return _leases(reply, stage, token, worker, tag)
+    return []
+
+
+def _leases(reply: list[Any], stage: str, token: str, worker: str,
+            tag: str) -> list[LeasedItem]:
     leases = []
     for i in range(0, len(reply), 8):
         item, started, payload, base, bonus, failures, reclaims, priority = reply[i:i + 8]
         leases.append(LeasedItem(item, stage, token, worker, int(started),
                                  json.loads(payload) if payload else None,
                                  float(base), float(bonus), int(failures), int(reclaims),
-                                 float(priority)))
+                                 float(priority), tag))
     return leases
 
 
@@ -203,29 +247,31 @@ async def fetch(durable: AnyRedis, stage: str, worker: str, lease_ms: int) -> Le
     return leases[0] if leases else None
 
 
-def heartbeat_call(stage: str, item_id: str, token: str,
-                   lease_ms: int) -> tuple[list[str], list[str]]:
-    return [inflight_key(stage), deadline_key(stage)], [item_id, token, str(lease_ms)]
+def heartbeat_call(stage: str, item_id: str, token: str, lease_ms: int,
+                   tag: str = TAG) -> tuple[list[str], list[str]]:
+    return ([inflight_key(stage, tag), deadline_key(stage, tag)],
+            [item_id, token, str(lease_ms)])
 
 
 async def heartbeat(durable: AnyRedis, lease: LeasedItem, lease_ms: int) -> LeaseResult:
-    keys, args = heartbeat_call(lease.stage, lease.item_id, lease.token, lease_ms)
+    keys, args = heartbeat_call(lease.stage, lease.item_id, lease.token, lease_ms, lease.tag)
     reply = await scripts_for(durable).heartbeat(keys=keys, args=args)
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
 
 
-def complete_call(stage: str, item_id: str, token: str,
-                  cls: int | None = None) -> tuple[list[str], list[str]]:
+def complete_call(stage: str, item_id: str, token: str, cls: int | None = None,
+                  tag: str = TAG) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of COMPLETE. ``cls`` = the item's ``base - bonus`` as leased: only that
     class list of the next stage is passed (fewer keys per call on the hot path); without
     it, all of them (the script finds the class by the key's suffix either way)."""
     after = next_stage(stage)
-    keys = [inflight_key(stage), deadline_key(stage), meta_key(), stats_key(stage)]
+    keys = [inflight_key(stage, tag), deadline_key(stage, tag), meta_key(tag),
+            stats_key(stage, tag)]
     if after:
-        keys.append(stats_key(after))
-        keys += ready_keys(after) if cls is None else [ready_class_key(after, cls)]
+        keys.append(stats_key(after, tag))
+        keys += ready_keys(after, tag) if cls is None else [ready_class_key(after, cls, tag)]
     else:  # the item leaves the pipeline: its admission class gets its bytes back
-        keys.append(_HELD_KEY)
+        keys.append(held_key(tag))
     # The payload stays with the item until it leaves the pipeline, not only until its store
     # stage: after PostgreSQL is restored from a backup older than that stage, ``recover
     # --reset`` can still run the stage again (the restored database lost its document).
@@ -237,7 +283,7 @@ def _complete_lease(lease: LeasedItem) -> tuple[list[str], list[str]]:
     # While the lease is held nothing else changes the item's base or bonus (RECLAIM does,
     # but only after taking the lease away, and then COMPLETE refuses before pushing).
     return complete_call(lease.stage, lease.item_id, lease.token,
-                         int(lease.base - lease.bonus))
+                         int(lease.base - lease.bonus), lease.tag)
 
 
 async def complete(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
@@ -277,15 +323,16 @@ def _complete_batch(batch: list[LeasedItem]) -> tuple[list[str], list[str]]:
     if len(batch) == 1:
         return _complete_lease(batch[0])
     first = batch[0]
-    keys, args = complete_call(first.stage, first.item_id, first.token)
+    keys, args = complete_call(first.stage, first.item_id, first.token, tag=first.tag)
     return keys, args + [lease.item_id for lease in batch[1:]]
 
 
 async def release(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
     """Give the item back untouched (graceful shutdown): nothing is counted against it."""
-    stage = lease.stage
+    stage, tag = lease.stage, lease.tag
     reply = await scripts_for(durable).release(
-        keys=[inflight_key(stage), deadline_key(stage), meta_key(), *ready_keys(stage)],
+        keys=[inflight_key(stage, tag), deadline_key(stage, tag), meta_key(tag),
+              *ready_keys(stage, tag)],
         args=[lease.item_id, lease.token, str(EPOCH_MS)])
     return LeaseResult(int(reply))
 
@@ -298,10 +345,10 @@ class FailOutcome:
 
 
 def fail_call(stage: str, item_id: str, token: str, reason: str, *, max_failures: int,
-              backoff_ms: int, backoff_cap_ms: int,
-              jitter: float) -> tuple[list[str], list[str]]:
-    keys = [inflight_key(stage), deadline_key(stage), delayed_key(stage), dead_key(stage),
-            meta_key(), stats_key(stage)]
+              backoff_ms: int, backoff_cap_ms: int, jitter: float,
+              tag: str = TAG) -> tuple[list[str], list[str]]:
+    keys = [inflight_key(stage, tag), deadline_key(stage, tag), delayed_key(stage, tag),
+            dead_key(stage, tag), meta_key(tag), stats_key(stage, tag)]
     return keys, [item_id, token, str(max_failures), str(backoff_ms), str(backoff_cap_ms),
                   repr(jitter), reason[:500]]
 
@@ -311,7 +358,8 @@ async def fail(durable: AnyRedis, lease: LeasedItem, reason: str, *, max_failure
     """Retry after exponential backoff with jitter, or dead-letter after ``max_failures``."""
     keys, args = fail_call(lease.stage, lease.item_id, lease.token, reason,
                            max_failures=max_failures, backoff_ms=backoff_ms,
-                           backoff_cap_ms=backoff_cap_ms, jitter=random.random())
+                           backoff_cap_ms=backoff_cap_ms, jitter=random.random(),
+                           tag=lease.tag)
     reply = await scripts_for(durable).fail(keys=keys, args=args)
     if not isinstance(reply, list):
         return FailOutcome(LeaseResult(int(reply)))
@@ -322,43 +370,45 @@ async def fail(durable: AnyRedis, lease: LeasedItem, reason: str, *, max_failure
 
 async def delay(durable: AnyRedis, lease: LeasedItem, delay_ms: int) -> FailOutcome:
     """Put the item back to wait ``delay_ms`` (a spent budget): no failure is counted."""
-    stage = lease.stage
+    stage, tag = lease.stage, lease.tag
     reply = await scripts_for(durable).delay(
-        keys=[inflight_key(stage), deadline_key(stage), delayed_key(stage), meta_key(),
-              stats_key(stage)],
+        keys=[inflight_key(stage, tag), deadline_key(stage, tag), delayed_key(stage, tag),
+              meta_key(tag), stats_key(stage, tag)],
         args=[lease.item_id, lease.token, str(max(1, delay_ms))])
     if not isinstance(reply, list):
         return FailOutcome(LeaseResult(int(reply)))
     return FailOutcome(LeaseResult.OK, ready_at_ms=int(reply[1]))
 
 
-def reclaim_call(stage: str, *, max_reclaims: int,
-                 batch: int) -> tuple[list[str], list[str]]:
-    keys = [inflight_key(stage), deadline_key(stage), dead_key(stage), meta_key(),
-            stats_key(stage), *ready_keys(stage)]
+def reclaim_call(stage: str, *, max_reclaims: int, batch: int,
+                 tag: str = TAG) -> tuple[list[str], list[str]]:
+    keys = [inflight_key(stage, tag), deadline_key(stage, tag), dead_key(stage, tag),
+            meta_key(tag), stats_key(stage, tag), *ready_keys(stage, tag)]
     return keys, [str(batch), str(max_reclaims), str(RECLAIM_BASE), str(EPOCH_MS)]
 
 
 async def reclaim(durable: AnyRedis, stage: str, *, max_reclaims: int,
-                  batch: int = 100) -> tuple[int, int, bool]:
-    """One bounded RECLAIM pass: (returned to the stage, dead-lettered, more may be due)."""
-    keys, args = reclaim_call(stage, max_reclaims=max_reclaims, batch=batch)
+                  batch: int = 100, tag: str = TAG) -> tuple[int, int, bool]:
+    """One bounded RECLAIM pass of one shard: (returned to the stage, dead-lettered, more
+    may be due)."""
+    keys, args = reclaim_call(stage, max_reclaims=max_reclaims, batch=batch, tag=tag)
     back, dead, more = await scripts_for(durable).reclaim(keys=keys, args=args)
     return int(back), int(dead), bool(int(more))
 
 
 async def reclaim_all(durable: AnyRedis, *, max_reclaims: int, batch: int = 100,
                       max_passes: int = 100) -> dict[str, tuple[int, int]]:
-    """RECLAIM every stage in bounded batches until nothing more is due."""
+    """RECLAIM every stage of every shard in bounded batches until nothing more is due."""
     totals: dict[str, tuple[int, int]] = {}
     for stage in STAGES:
         back_sum = dead_sum = 0
-        for _ in range(max_passes):
-            back, dead, more = await reclaim(durable, stage, max_reclaims=max_reclaims,
-                                             batch=batch)
-            back_sum, dead_sum = back_sum + back, dead_sum + dead
-            if not more:
-                break
+        for tag in shards.tags_of(durable):
+            for _ in range(max_passes):
+                back, dead, more = await reclaim(durable, stage, max_reclaims=max_reclaims,
+                                                 batch=batch, tag=tag)
+                back_sum, dead_sum = back_sum + back, dead_sum + dead
+                if not more:
+                    break
         if back_sum or dead_sum:
             metrics.RECLAIMED.labels(stage).inc(back_sum + dead_sum)
         if dead_sum:

@@ -20,6 +20,7 @@ from typing import Any
 from gateway.pipeline import queue
 from gateway.pipeline.scripts import scripts_for
 from gateway.pipeline.stages import STAGES, legacy_ready_key, meta_key, ready_keys
+from gateway.pipeline.status import item_metas
 from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.pipeline")
@@ -71,7 +72,7 @@ async def recover(runtime: Any, batch: int = BATCH) -> RecoverReport:
             return report
         after = rows[-1]["item_id"]
         ids = [r["item_id"] for r in rows]
-        present = await runtime.durable.hmget(meta_key(), ids)
+        present = await item_metas(runtime.durable, ids)
         report.scanned += len(rows)
         for row, meta in zip(rows, present, strict=True):
             if meta is not None:

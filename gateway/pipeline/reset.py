@@ -33,7 +33,7 @@ from typing import Any
 from gateway import keys
 from gateway.config import Settings
 from gateway.leases import maintenance
-from gateway.pipeline import queue
+from gateway.pipeline import queue, shards
 from gateway.pipeline.recover import BATCH, RecoverReport, print_report, recover
 from gateway.pipeline.stages import (
     PRIORITY_BASE,
@@ -47,7 +47,7 @@ from gateway.pipeline.stages import (
     ready_keys,
     seen_bucket,
 )
-from gateway.pipeline.status import payload_of
+from gateway.pipeline.status import item_metas, payload_of
 from gateway.stores.runtime import open_runtime
 
 _PRIORITY = {base: name for name, base in PRIORITY_BASE.items()}
@@ -90,8 +90,8 @@ async def held(durable: Any) -> int:
     """Items under a live lease: their deadline (Redis time, ms) has not passed."""
     seconds, micros = await durable.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    return sum([int(await durable.zcount(deadline_key(stage), f"({now_ms}", "+inf"))
-                for stage in STAGES])
+    return sum([int(await durable.zcount(deadline_key(stage, tag), f"({now_ms}", "+inf"))
+                for tag in shards.tags_of(durable) for stage in STAGES])
 
 
 async def reset(runtime: Any, batch: int = BATCH) -> ResetReport:
@@ -99,19 +99,23 @@ async def reset(runtime: Any, batch: int = BATCH) -> ResetReport:
     holding = await held(durable)
     if holding:
         raise StillHeld(holding)
-    live: dict[str, str] = {}
-    async for item, raw in durable.hscan_iter(meta_key(), count=batch):
-        live[item] = raw
-    positions = [key for stage in STAGES for key in (
-        *ready_keys(stage), inflight_key(stage), deadline_key(stage), delayed_key(stage))]
-    await durable.delete(*positions)
+    live: dict[str, tuple[str, str]] = {}  # item -> (its shard's tag, its meta)
+    for tag in shards.tags_of(durable):
+        async for item, raw in durable.hscan_iter(meta_key(tag), count=batch):
+            live[item] = (tag, raw)
+        positions = [key for stage in STAGES for key in (
+            *ready_keys(stage, tag), inflight_key(stage, tag), deadline_key(stage, tag),
+            delayed_key(stage, tag))]
+        for key in positions:  # one key a command: the shards are apart on a cluster
+            await durable.delete(key)
     ids = list(live)
     for start in range(0, len(ids), batch):
         chunk = ids[start:start + batch]
         journal = {r["item_id"]: set(r["stages"])
                    for r in await runtime.pg.fetch(_JOURNAL, chunk)}
         for item in chunk:
-            await _rebuild(durable, item, live[item], journal.get(item, set()), report)
+            tag, raw = live[item]
+            await _rebuild(durable, item, tag, raw, journal.get(item, set()), report)
     report.recovered = await recover(runtime, batch)
     report.resubmit = await _forget_lost(runtime, batch)
     return report
@@ -121,8 +125,8 @@ async def _forget_lost(runtime: Any, batch: int) -> list[str]:
     """Items in the dedup window that neither the journal nor Redis knows: forget their
     marks and claims so that they can come in again; their ids, sorted."""
     durable, lost = runtime.durable, []
-    for bucket in range(SEEN_BUCKETS):
-        key = seen_bucket(bucket)
+    for tag, bucket in ((t, b) for t in shards.tags_of(durable) for b in range(SEEN_BUCKETS)):
+        key = seen_bucket(bucket, tag)
         seen = [item async for item, _ in durable.hscan_iter(key, count=batch)]
         for start in range(0, len(seen), batch):
             chunk = seen[start:start + batch]
@@ -130,7 +134,7 @@ async def _forget_lost(runtime: Any, batch: int) -> list[str]:
                 "SELECT DISTINCT item_id FROM pipeline_journal WHERE item_id = ANY($1::text[])"
                 " UNION SELECT item_id FROM pipeline_dead_letters"
                 " WHERE item_id = ANY($1::text[])", chunk)}
-            present = await durable.hmget(meta_key(), chunk)
+            present = await item_metas(durable, chunk)
             gone = [i for i, m in zip(chunk, present, strict=True) if m is None and i not in known]
             if gone:
                 await durable.hdel(key, *gone)
@@ -147,13 +151,13 @@ def _claim_of(item: str) -> str:
     return keys.dedup_job(item)
 
 
-async def _rebuild(durable: Any, item: str, raw: str, done: set[str],
+async def _rebuild(durable: Any, item: str, tag: str, raw: str, done: set[str],
                    report: ResetReport) -> None:
     _stage, status, priority, doc_type, payload = _fields(raw)
     if status == "x":
         report.dead += 1  # a dead letter: stays for the operator (requeue or purge)
         return
-    await durable.hdel(meta_key(), item)
+    await durable.hdel(meta_key(tag), item)  # (it goes back into the shard its id names)
     if "graph" in done:
         report.finished += 1
         return

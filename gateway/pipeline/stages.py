@@ -1,4 +1,6 @@
-"""Stage names, priorities and the pipeline's key layout (all under ``q:{pipeline}:``)."""
+"""Stage names, priorities and the pipeline's key layout (all under ``q:{pipeline}:``, or
+under one shard's tag each: ``shards.py``). Every key function takes the shard's ``tag``
+(default ``{pipeline}``, shard 0)."""
 
 from __future__ import annotations
 
@@ -44,41 +46,44 @@ def check_stage(stage: str) -> str:
 
 
 # Pipeline-wide keys.
-def seen_key(item_id: str) -> str:
+TAG = keys.PIPELINE_TAG
+
+
+def seen_key(item_id: str, tag: str = TAG) -> str:
     """HASH item -> first-seen ms for the dedup window: one of ``SEEN_BUCKETS`` small
     hashes chosen by CRC-32 of the item id, so each stays listpack-encoded (~30 bytes an
     entry instead of ~107 in one big sorted set). ADD checks expiry against Redis TIME and
     trims a bounded sample of its bucket."""
-    return seen_bucket(zlib.crc32(item_id.encode()) % SEEN_BUCKETS)
+    return seen_bucket(zlib.crc32(item_id.encode()) % SEEN_BUCKETS, tag)
 
 
-def seen_bucket(bucket: int) -> str:
-    return keys.q("seen", bucket)
+def seen_bucket(bucket: int, tag: str = TAG) -> str:
+    return keys.q("seen", bucket, tag=tag)
 
 
-def quota_key(owner: str) -> str:
+def quota_key(owner: str, tag: str = TAG) -> str:
     """HASH item -> payload bytes of the owner's items in the pipeline, '~bytes' -> their sum
     (``owner``: a credential's namespace, ``src.<source>`` for a webhook source)."""
-    return keys.q("quota", owner or "-")
+    return keys.q("quota", owner or "-", tag=tag)
 
 
-def held_key() -> str:
+def held_key(tag: str = TAG) -> str:
     """HASH item -> "<admission class>|<cost>" of every item accepted with a class, and the
     sums "bytes <class>" and "bytes *": what admission by class counts (ADD takes, the last
     COMPLETE and PURGE give back)."""
-    return keys.q("held")
+    return keys.q("held", tag=tag)
 
 
-def meta_key() -> str:
+def meta_key(tag: str = TAG) -> str:
     """HASH item -> "stage|status|base|bonus|failures|reclaims|payload" for every item in
     flight; payload = the document JSON until the store stage has persisted it, then ''."""
-    return keys.q("meta")
+    return keys.q("meta", tag=tag)
 
 
 # Per-stage keys: q:{pipeline}:<kind>:<stage>.
-def _per_stage(kind: str, doc: str) -> Callable[[str], str]:
-    def key(stage: str) -> str:
-        return keys.q(kind, stage)
+def _per_stage(kind: str, doc: str) -> Callable[..., str]:
+    def key(stage: str, tag: str = TAG) -> str:
+        return keys.q(kind, stage, tag=tag)
     key.__name__ = f"{kind}_key"
     key.__doc__ = doc
     return key
@@ -93,9 +98,9 @@ CLASSES: tuple[int, ...] = tuple(sorted({base - bonus for base in (*PRIORITY_BAS
                                          for bonus in TYPE_BONUS.values()}))
 
 
-def ready_class_key(stage: str, cls: int) -> str:
+def ready_class_key(stage: str, cls: int, tag: str = TAG) -> str:
     """LIST of "<score>|<item>" entries of one ``base - bonus`` class, oldest first."""
-    return keys.q("ready", stage, cls)
+    return keys.q("ready", stage, cls, tag=tag)
 
 
 def legacy_ready_key(stage: str) -> str:
@@ -104,10 +109,10 @@ def legacy_ready_key(stage: str) -> str:
     return keys.q("ready", stage)
 
 
-def ready_keys(stage: str) -> tuple[str, ...]:
+def ready_keys(stage: str, tag: str = TAG) -> tuple[str, ...]:
     """The stage's class lists, in ``CLASSES`` order (scripts find a class by the key's
     ``:<class>`` suffix)."""
-    return tuple(ready_class_key(stage, cls) for cls in CLASSES)
+    return tuple(ready_class_key(stage, cls, tag) for cls in CLASSES)
 
 
 inflight_key = _per_stage("lease", "HASH item -> token|worker|started_ms.")

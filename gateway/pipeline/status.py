@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.pipeline import metrics
+from gateway.pipeline import metrics, shards
 from gateway.pipeline.stages import (
     STAGES,
     dead_key,
@@ -33,9 +33,34 @@ def payload_of(raw: str | None) -> str | None:
     return (parts[6] or None) if len(parts) == 7 else None
 
 
+async def item_meta(durable: AnyRedis, item_id: str) -> str | None:
+    """An item's meta field, from the shard it is in (``shards.homes``), or None."""
+    for tag in shards.homes(durable, item_id):
+        raw: str | None = await durable.hget(meta_key(tag), item_id)  # type: ignore[assignment]
+        if raw is not None:
+            return raw
+    return None
+
+
+async def item_metas(durable: AnyRedis, item_ids: list[str]) -> list[str | None]:
+    """``item_meta`` of many items: one HMGET per shard asked."""
+    found: list[str | None] = [None] * len(item_ids)
+    for round_ in (0, 1):  # the hashed shard, then shard 0 for what is still missing
+        asked: dict[str, list[int]] = {}
+        for index, item in enumerate(item_ids):
+            places = shards.homes(durable, item)
+            if found[index] is None and round_ < len(places):
+                asked.setdefault(places[round_], []).append(index)
+        for tag, indexes in asked.items():
+            values = await durable.hmget(meta_key(tag), [item_ids[i] for i in indexes])
+            for index, value in zip(indexes, values, strict=True):
+                found[index] = value  # type: ignore[assignment]
+    return found
+
+
 async def document(durable: AnyRedis, item_id: str) -> dict[str, Any] | None:
     """The payload an item carries while in the pipeline (None when unknown)."""
-    raw: str | None = await durable.hget(meta_key(), item_id)  # type: ignore[assignment]
+    raw = await item_meta(durable, item_id)
     payload = payload_of(raw)
     return None if payload is None else dict(json.loads(payload))
 
@@ -72,7 +97,7 @@ def _from_journal(item_id: str, done: set[str], archived: bool) -> dict[str, Any
 
 async def job_status(runtime: Any, item_id: str) -> dict[str, Any] | None:
     """``{"item_id", "state", "stages"}`` or None when neither Redis nor the journal knows it."""
-    raw = await runtime.durable_reads.hget(meta_key(), item_id)
+    raw = await item_meta(runtime.durable_reads, item_id)
     if raw is not None:
         return _from_meta(item_id, raw)
     async with runtime.pg_reads.acquire() as conn:
@@ -98,32 +123,37 @@ def ready_order(class_lists: Iterable[list[str]]) -> list[str]:
 
 
 async def ready_items(durable: AnyRedis, stage: str) -> list[str]:
-    """Every item queued in ``stage``, best first (reads whole lists: admin and tests)."""
+    """Every item queued in ``stage`` on every shard, best first (reads whole lists: admin
+    and tests)."""
     async with durable.pipeline(transaction=False) as pipe:
-        for key in ready_keys(stage):
-            pipe.lrange(key, 0, -1)
+        for tag in shards.tags_of(durable):
+            for key in ready_keys(stage, tag):
+                pipe.lrange(key, 0, -1)
         lists = await pipe.execute()
     return ready_order(lists)
 
 
 async def queue_depths(durable: AnyRedis) -> dict[str, Any]:
-    """``{"stages": {stage: {"ready", "inflight", "delayed", "dead"}}}`` in one round trip;
-    ready = the sum of the stage's class list lengths."""
+    """``{"stages": {stage: {"ready", "inflight", "delayed", "dead"}}}`` in one round trip,
+    summed over the shards; ready = the sum of the stage's class list lengths."""
+    tags = shards.tags_of(durable)
     async with durable.pipeline(transaction=False) as pipe:
-        for stage in STAGES:
-            for key in ready_keys(stage):
-                pipe.llen(key)
-            pipe.zcard(deadline_key(stage))
-            pipe.zcard(delayed_key(stage))
-            pipe.llen(dead_key(stage))
+        for tag in tags:
+            for stage in STAGES:
+                for key in ready_keys(stage, tag):
+                    pipe.llen(key)
+                pipe.zcard(deadline_key(stage, tag))
+                pipe.zcard(delayed_key(stage, tag))
+                pipe.llen(dead_key(stage, tag))
         counts = await pipe.execute()
-    stages = {}
+    stages = {stage: {"ready": 0, "inflight": 0, "delayed": 0, "dead": 0} for stage in STAGES}
     width = len(ready_keys(STAGES[0])) + 3
-    for i, stage in enumerate(STAGES):
+    for i in range(len(tags) * len(STAGES)):
         row = counts[width * i: width * (i + 1)]
-        inflight, delayed, dead = row[-3:]
-        stages[stage] = {"ready": sum(row[:-3]), "inflight": inflight, "delayed": delayed,
-                         "dead": dead}
+        sums = stages[STAGES[i % len(STAGES)]]
+        for name, value in zip(("ready", "inflight", "delayed", "dead"),
+                               (sum(row[:-3]), *row[-3:]), strict=True):
+            sums[name] += int(value)
     return {"stages": stages}
 
 

@@ -422,7 +422,8 @@ class StageWorker:
         (a holder committed, then died) and are only acknowledged. Rows from before the
         journal kept lease times are judged by ``completed_at`` with a margin for skew."""
         ids = [lease.item_id for lease, _ in held]
-        seen = await asyncio.gather(*(self.runtime.durable.hget(seen_key(i), i) for i in ids))
+        seen = await asyncio.gather(*(self.runtime.durable.hget(
+            seen_key(lease.item_id, lease.tag), lease.item_id) for lease, _ in held))
         rows = await conn.fetch(
             "SELECT item_id, max(leased_ms) AS leased, count(*) - count(leased_ms) AS untimed,"
             " extract(epoch FROM max(completed_at)) * 1000 AS at"

@@ -11,6 +11,7 @@ import asyncpg
 
 from gateway.config import ConfigError, Settings
 from gateway.stores import redis as redis_clients
+from gateway.stores import shards as pipeline_shards
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.postgres import create_pool
 from gateway.stores.redis import AnyRedis
@@ -122,6 +123,8 @@ async def open_runtime(settings: Settings, *, pg_max_size: int = 10) -> Runtime:
         for client in (durable, cache, read_durable):
             await client.aclose()
         raise
+    for client in (durable, read_durable):
+        pipeline_shards.configure(client, settings.pipeline_shards)
     return Runtime(settings, durable, cache, pools[0], read_durable, pools[1])
 
 

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gateway.pipeline.stages import STAGES
 from gateway.pipeline.status import job_status
 from gateway.stores.runtime import Runtime, open_runtime
@@ -26,9 +28,10 @@ async def _stage_rows(rt: Runtime) -> list[str]:
     return [r["kind"] for r in rows]
 
 
+@pytest.mark.parametrize("shards", [1, 3])  # 3: the job's id hashes to shard 1, not {pipeline}
 async def test_a_job_id_reused_3_5_s_after_its_run_with_a_2_s_window_runs_again(
-        runtime: Runtime, settings: Any, make_client: Callable[..., Any]) -> None:
-    rt = await open_runtime(dataclasses.replace(settings, dedup_ttl=2))
+        runtime: Runtime, settings: Any, make_client: Callable[..., Any], shards: int) -> None:
+    rt = await open_runtime(dataclasses.replace(settings, dedup_ttl=2, pipeline_shards=shards))
     try:
         client = await make_client(create_app(rt), rt=rt)
 
