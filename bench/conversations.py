@@ -17,7 +17,8 @@ stats, for ``python -m pstats``).
    the entry in one script: what happens before the platform's 2xx), then the consumer
    leases the chat and (a) only stores the message and its feed row ("arrival to stored")
    or (b) runs the whole ``handle_leased`` (store, default handler, reply, limiter, send,
-   settle) and acknowledges, vs the same bare baseline.
+   settle) and acknowledges, vs the same bare baseline, measured before and after these
+   two runs (their mean: load from other processes moves during a round).
 4. Round trips per message (once, after the rounds): the same workloads on a second
    Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
    the figure is what crossed the network, not what the code claims.
@@ -34,6 +35,7 @@ import cProfile
 import dataclasses
 import io
 import itertools
+import os
 import pstats
 import sys
 import tempfile
@@ -103,6 +105,12 @@ async def inbox_run(rt: Runtime, prefix: str, chats: int, per_chat: int,
     stop.set()
     await consumer
     return total / elapsed
+
+
+def uptime() -> str:
+    """The load averages, as ``uptime`` prints them: other processes share the machine."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 class Profiler:
@@ -182,10 +190,16 @@ async def conversation_round(rt: Runtime, messages: int, chats: int,
     started = time.perf_counter()
     await asyncio.gather(*(chat_worker(c) for c in range(chats)))
     service = per_chat * chats / (time.perf_counter() - started)
+    return service, await bare_round(rt, messages, chats, f"{round_no}")
 
+
+async def bare_round(rt: Runtime, messages: int, chats: int, tag: str) -> float:
+    """Bare insert+feed transactions/s: the baseline every conversation figure is set
+    against (one conversation message and its feed row per transaction)."""
+    per_chat = messages // chats
     conversation_id = await rt.pg.fetchval(
         "INSERT INTO conversations (platform, chat_key, chat) VALUES"
-        " ('telegram', $1, 'bench') RETURNING id", f"bare-{round_no}")
+        " ('telegram', $1, 'bench') RETURNING id", f"bare-{tag}")
     seqs = itertools.count(1)
 
     async def bare_worker(chat: int) -> None:
@@ -195,12 +209,11 @@ async def conversation_round(rt: Runtime, messages: int, chats: int,
                 await conn.execute(
                     "INSERT INTO conversation_messages (conversation_id, seq, role, text)"
                     " VALUES ($1, $2, 'user', 'x')", conversation_id, seq)
-                await feed.append(conn, f"bench:{round_no}:{chat}", "message", {"seq": seq})
+                await feed.append(conn, f"bench:{tag}:{chat}", "message", {"seq": seq})
 
     started = time.perf_counter()
     await asyncio.gather(*(bare_worker(c) for c in range(chats)))
-    bare = per_chat * chats / (time.perf_counter() - started)
-    return service, bare
+    return per_chat * chats / (time.perf_counter() - started)
 
 
 async def round_trips_per_message(settings: Settings, messages: int = 200,
@@ -303,9 +316,14 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
             with profiler.run(per_chat * args.chats):
                 whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
+            # The baseline again right after, so that load from outside moving between the
+            # runs shows: the inbox figures are set against the mean of the two.
+            after = await bare_round(rt, args.messages, args.chats, f"{round_no}b")
+            base = (bare + after) / 2
             print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
-                  f"{stored / bare:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
-                  f"{whole / bare:.2f}) vs bare insert+feed")
+                  f"{stored / base:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
+                  f"{whole / base:.2f}) vs bare insert+feed {bare:,.0f} before and "
+                  f"{after:,.0f} tx/s after ({uptime()})")
         profiler.write()
         await round_trips_per_message(rt.settings)
 
