@@ -30,6 +30,8 @@ import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from gateway.config import Secret, Settings, parse_webhook_secrets
 from gateway.stores import embedded
@@ -42,6 +44,12 @@ pytest_plugins = ["tests.fakes.pytest_plugin"]
 # As gateway.inbound.telegram does on import: PTB time periods as timedeltas, whichever test
 # imports what first.
 os.environ.setdefault("PTB_TIMEDELTA", "1")
+
+# Property tests run four to a 2-core machine beside servers: no per-example deadline and no
+# "too slow" health check (both measure the machine's load, not the property).
+hypothesis_settings.register_profile(
+    "gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("gateway")
 
 # Test webhook sources: one of each scheme. The standard secret is whsec_<base64>.
 TEST_WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -77,6 +77,7 @@ async def test_a_slow_handlers_items_spread_over_the_loops(runtime: Runtime) -> 
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
-    # One loop holding all four would run them one after another (1.2 s).
+    # One loop holding all four would run them one after another (most == 1, 1.2 s); the
+    # time is printed, not asserted: a loaded machine stretches it, the overlap it cannot.
+    print(f"four slow items took {elapsed:.3f} s")
     assert most >= 2
-    assert elapsed < 1.0
