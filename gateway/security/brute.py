@@ -36,6 +36,7 @@ must not lock the developer out of their own stack. Blocks are listed and lifted
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import math
@@ -134,9 +135,11 @@ _IPV6_LOOPBACK = ipaddress.ip_address("::1")
 NOBODY = ""  # no countable address: neither checked nor counted (a proxy is never blocked)
 
 
+@functools.lru_cache(maxsize=4096)
 def group(address: str) -> str:
     """What the barrier counts: an IPv4 address, or the /64 of an IPv6 one (one host holds a
-    whole /64 and can rotate through it)."""
+    whole /64 and can rotate through it). Cached: parsing and printing the address cost
+    ~8 µs, on every request of the ingest path, for the few addresses a sender uses."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
