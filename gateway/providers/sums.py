@@ -3,10 +3,12 @@ most every ``interval`` seconds per key and process, this process's own calls ad
 are recorded. The sums stay what they were (SQL over the usage rows); only how often they are
 read changes, so a check costs no statement while its sums are fresh.
 
-Staleness is bounded: a sum misses at most the other processes' calls of the last
-``interval`` seconds (and, as before, the calls in flight). ``interval`` 0 reads every call.
-Concurrent checks of one key share one read; at most ``MAX_KEYS`` keys are kept (the oldest
-read is forgotten first), so a flood of chat keys cannot grow the cache without bound.
+Staleness is bounded: a sum misses at most the calls of the last ``interval`` seconds
+(other processes', and rarely this one's: see ``add``) and, as before, the calls in
+flight. ``interval`` 0 reads every call.
+Concurrent checks share reads (the stale keys of one event-loop turn go in one statement);
+at most ``MAX_KEYS`` keys are kept (the oldest read is forgotten first), so a flood of chat
+keys cannot grow the cache without bound.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ class _Sum:
 
 
 class Sums:
-    def __init__(self, read: Callable[[str | None, str | None], Awaitable[tuple[int | None,
-                                                                               int | None]]],
+    def __init__(self, read: Callable[[list[str], list[str]], Awaitable[dict[Key, int]]],
                  interval: float) -> None:
-        """``read(chat, account)``: both sums in one statement (None for a key not asked)."""
+        """``read(chats, accounts)``: the sums of all of them in one statement (a key
+        without rows today may be left out: it counts 0)."""
         self._read = read
         self.interval = interval
         self.reads = 0  # statements made, for tests and the bench
         self._sums: dict[Key, _Sum] = {}
         self._reading: dict[Key, asyncio.Future[None]] = {}
+        self._batch: list[Key] | None = None  # keys of the read about to go out
+        self._batch_read: asyncio.Future[None] | None = None
 
     def _fresh(self, key: Key, now: float) -> int | None:
         found = self._sums.get(key)
@@ -60,27 +64,30 @@ class Sums:
         return 0 if found is None else found.value
 
     async def _refresh(self, stale: list[Key]) -> None:
-        waiting = [self._reading[key] for key in stale if key in self._reading]
-        mine = [key for key in stale if key not in self._reading]
-        if mine:
-            future: asyncio.Future[None] = asyncio.ensure_future(self._read_into(mine))
-            for key in mine:
-                self._reading[key] = future
-            waiting.append(future)
-        for future in waiting:
+        """Join the read under way for a key, or the one about to go out: the stale keys of
+        every check in one turn of the event loop are read by one statement."""
+        for key in stale:
+            if key in self._reading:
+                continue
+            if self._batch is None or self._batch_read is None:
+                self._batch = []
+                self._batch_read = asyncio.ensure_future(self._read_batch())
+            self._batch.append(key)
+            self._reading[key] = self._batch_read
+        for future in {self._reading[key] for key in stale if key in self._reading}:
             await asyncio.shield(future)
 
-    async def _read_into(self, keys: list[Key]) -> None:
-        asked = dict(keys)
+    async def _read_batch(self) -> None:
+        await asyncio.sleep(0)  # the checks of this turn join the batch
+        keys, self._batch, self._batch_read = self._batch or [], None, None
         try:
             self.reads += 1
-            chat_used, account_used = await self._read(asked.get("chat"), asked.get("account"))
+            found = await self._read([name for kind, name in keys if kind == "chat"],
+                                     [name for kind, name in keys if kind == "account"])
             now = time.monotonic()
-            for key, used in zip(keys, [chat_used if kind == "chat" else account_used
-                                        for kind, _ in keys], strict=True):
-                if used is not None:
-                    self._sums.pop(key, None)  # re-inserted last: the oldest read goes first
-                    self._sums[key] = _Sum(int(used), now)
+            for key in keys:
+                self._sums.pop(key, None)  # re-inserted last: the oldest read goes first
+                self._sums[key] = _Sum(found.get(key, 0), now)
             while len(self._sums) > MAX_KEYS:
                 del self._sums[next(iter(self._sums))]
         finally:
@@ -89,8 +96,9 @@ class Sums:
 
     def add(self, chat: str | None, account: str | None, tokens: int) -> None:
         """A call of this process was recorded: its tokens count at once, not at the next
-        read (a read that was already under way may then count them twice until the next:
-        an over-count, which only refuses early)."""
+        read. (A read under way meanwhile may count them twice until the next read, which
+        only refuses early, or, when its snapshot missed the row, replace them with the
+        older sum: within the staleness stated above.)"""
         for kind, name in (("chat", chat), ("account", account)):
             found = self._sums.get((kind, name)) if name is not None else None
             if found is not None:

@@ -32,7 +32,7 @@ from gateway.config import ConfigError, Settings
 from gateway.providers.client import Usage
 from gateway.providers.errors import Budget, OverBudget
 from gateway.providers.rows import RowWriter
-from gateway.providers.sums import Sums
+from gateway.providers.sums import Key, Sums
 from gateway.stores.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
@@ -47,19 +47,17 @@ GROUPS: Mapping[str, str] = {
 _TODAY = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 
 # The day's total is a sum over every row of the day; a chat's and an account's sums cover
-# only their own rows (both in one statement). Each is read at most every ``recheck_seconds``
-# per process.
+# only their own rows (those of concurrent checks in one statement). Each is read at most
+# every ``recheck_seconds`` per process.
 _TOTAL = f"""
 SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage WHERE created_at >= {_TODAY}
 """
-_CHECK = f"""
-SELECT
-  CASE WHEN $1::text IS NOT NULL THEN (
-       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-       WHERE chat_key = $1 AND created_at >= {_TODAY}) END,
-  CASE WHEN $2::text IS NOT NULL THEN (
-       SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-       WHERE account = $2 AND created_at >= {_TODAY}) END
+_SUMS = f"""
+SELECT 'chat', chat_key, coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+WHERE chat_key = ANY($1::text[]) AND created_at >= {_TODAY} GROUP BY chat_key
+UNION ALL
+SELECT 'account', account, coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+WHERE account = ANY($2::text[]) AND created_at >= {_TODAY} GROUP BY account
 """
 
 @dataclass(frozen=True)
@@ -108,10 +106,9 @@ class UsageLedger:
     async def _read_total(self) -> int:
         return int(await self.pool.fetchval(_TOTAL))
 
-    async def _read_sums(self, chat: str | None,
-                         account: str | None) -> tuple[int | None, int | None]:
-        chat_used, account_used = await self.pool.fetchrow(_CHECK, chat, account)
-        return chat_used, account_used
+    async def _read_sums(self, chats: list[str], accounts: list[str]) -> dict[Key, int]:
+        rows = await self.pool.fetch(_SUMS, chats, accounts)
+        return {(kind, name): int(used) for kind, name, used in rows}
 
     async def check(self, charge: Charge) -> None:
         """Raise ``OverBudget`` when a configured budget of ``charge`` is reached today."""

@@ -173,3 +173,22 @@ async def test_rows_of_concurrent_calls_share_statements_and_are_stored_before_r
     assert await asyncio.gather(*(one(i) for i in range(40))) == [1] * 40
     assert ledger.rows.statements < 40
     assert await runtime.pg.fetchval("SELECT count(*) FROM provider_usage") == 40
+
+
+async def test_the_sums_of_concurrent_checks_are_read_in_one_statement(
+        fake_openai: FakeOpenAI, make_providers: MakeProviders, runtime: Runtime) -> None:
+    providers = make_providers(("a", fake_openai), budgets={
+        "daily_tokens_per_chat": 30, "daily_tokens_per_account": 1000,
+        "daily_tokens_recheck_seconds": 3600})
+    ledger = providers.ledger
+    assert ledger is not None
+    await runtime.pg.execute(
+        "INSERT INTO provider_usage (provider, model, kind, tokens_in, tokens_out, chat_key,"
+        " account) VALUES ('a', 'm', 'chat', 40, 0, 'c7', 'x')")
+    checks = await asyncio.gather(*(ledger.check(Charge(chat=f"c{i}", account=f"a{i % 3}"))
+                                    for i in range(7)), return_exceptions=True)
+    assert checks == [None] * 7 and ledger.sums.reads == 1  # 7 chats, 3 accounts: one read
+    with pytest.raises(OverBudget) as info:  # c7's 40 tokens, read with the next batch
+        await ledger.check(Charge(chat="c7"))
+    assert (info.value.budget.scope, info.value.budget.used) == ("chat", 40)
+    assert ledger.sums.reads == 2
