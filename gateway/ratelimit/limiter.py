@@ -245,7 +245,7 @@ class Limiter:
         """Admit ``attempt`` in every window of the group at one instant, or in none;
         ``cooldown``: and not before the group's cool-down ends; ``slot``: and only while
         one of the group's concurrent slots is free, taken for ``attempt`` in the same
-        call (given back by ``amend(..., release=slot)``)."""
+        call and kept while the windows refuse (given back by ``amend(..., release=True)``)."""
         if not windows or any(w.limit < 1 or w.period <= 0 or w.cost < 0 for w in windows):
             raise LimitError("limits and periods must be positive, costs not negative")
         log_keys: list[str] = []
@@ -274,23 +274,31 @@ class Limiter:
         id, which ``amend`` takes to correct a cost afterwards. ``cooldown``: the group's
         cool-down is waited out too, unless more of it is left than ``max_cooldown``
         (``CoolingDown`` at once: the caller may rather go elsewhere). ``slot``: and one of
-        the group's concurrent slots, held until ``amend(..., release=slot)``; a holder that
-        finishes early frees its slot long before its lease ends, so a full group is polled
-        every ``poll`` seconds."""
+        the group's concurrent slots, taken first and held while the windows refuse, until
+        ``amend(..., release=True)`` (given back here if the wait ends otherwise); a holder
+        that finishes early frees its slot long before its lease ends, so a full group is
+        polled every ``poll`` seconds."""
         attempt = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         deadline = None if max_wait is None else loop.time() + max_wait
-        while True:
-            decision = await self.check_all(tag, windows, attempt=attempt, cooldown=cooldown,
-                                            slot=slot)
-            if decision.admitted:
-                return attempt
-            if decision.cooling and max_cooldown is not None and decision.wait > max_cooldown:
-                raise CoolingDown(tag, decision.wait)
-            wait = min(decision.wait, poll) if decision.slot_full else decision.wait
-            if deadline is not None and loop.time() + wait > deadline:
-                raise LimitError(f"{tag}: not admitted within {max_wait} s")
-            await asyncio.sleep(wait)
+        try:
+            while True:
+                decision = await self.check_all(tag, windows, attempt=attempt,
+                                                cooldown=cooldown, slot=slot)
+                if decision.admitted:
+                    return attempt
+                if (decision.cooling and max_cooldown is not None
+                        and decision.wait > max_cooldown):
+                    raise CoolingDown(tag, decision.wait)
+                wait = min(decision.wait, poll) if decision.slot_full else decision.wait
+                if deadline is not None and loop.time() + wait > deadline:
+                    raise LimitError(f"{tag}: not admitted within {max_wait} s")
+                await asyncio.sleep(wait)
+        except BaseException:
+            if slot is not None:  # a slot held while the windows refused goes back
+                with contextlib.suppress(Exception):
+                    await self.redis.zrem(group_slots_key(tag), attempt)
+            raise
 
     async def cool_down(self, tag: str, seconds: float, *, now: float | None = None) -> None:
         """Admit nothing of the group for ``seconds`` from now (Redis time), for every

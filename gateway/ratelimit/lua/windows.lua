@@ -5,8 +5,9 @@
 -- A group may have a cool-down, a deadline set by cooldown.lua (a provider's 429 with
 -- Retry-After): until then nothing is admitted, so every caller of every replica waits it
 -- out, read in this same call (no round trip of its own). It may also have concurrency
--- slots: the attempt is admitted only with a free slot, taken in the same call (a provider
--- call's three limits in one script; the slot is given back by amend.lua).
+-- slots: the attempt is admitted only holding one, taken in the same call and kept while
+-- the windows refuse (a provider call's three limits in one script; the slot is given back
+-- by amend.lua, or by the caller when it stops waiting).
 --
 -- KEYS[2i-1], KEYS[2i]  the log and its total of window i (all under one hash tag)
 -- KEYS[2n+1]            optional: the group's cool-down key (same hash tag)
@@ -44,8 +45,11 @@ if cooldown_key then
   if deadline and deadline > now then return {0, fmt(deadline - now), fmt(now), '1', '0'} end
 end
 if slot_key then
+  -- The slot is taken (or renewed) before the windows are asked, and kept while they refuse:
+  -- the attempt waits for its windows holding it, as one taken first would.
   local wait = slot_wait(slot_key, id, slot_limit, now)
   if wait > 0 then return {0, fmt(wait), fmt(now), '0', '1'} end
+  slot_take(slot_key, id, tonumber(ARGV[5 + 3 * n]), now)
 end
 local fits = true
 for _, w in ipairs(windows) do
@@ -58,7 +62,6 @@ if fits then
   for _, w in ipairs(windows) do
     if w.cost > 0 then admit(w.key, w.total, w.member, w.used, w.cost, w.span, now) end
   end
-  if slot_key then slot_take(slot_key, id, tonumber(ARGV[5 + 3 * n]), now) end
   return {1, '0', fmt(now), '0', '0'}
 end
 local wait = 1
