@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import ConfigError
-from gateway.knowledge import embedders, search
+from gateway.knowledge import embedders, embedding, search
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from gateway.web.search import SearchBudget
@@ -77,6 +77,9 @@ async def test_the_time_limit_covers_the_querys_embedding(
     rt = await _with_search(runtime, timeout_seconds=0.3)
     try:
         client = await make_client(_app(rt), rt=rt)
+        # The local model loaded first (seconds on a loaded machine), so the last search's
+        # 0.3 s are its embedding and statement only.
+        await embedding.local().embed(["anything at all"])
         monkeypatch.setattr(embedders, "for_runtime", lambda _: _StalledEmbedder())
         began = time.monotonic()
         stalled = await client.get("/v1/search", params={"q": "anything at all"})
