@@ -47,18 +47,21 @@ GROUPS: Mapping[str, str] = {
 _TODAY = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 
 # The day's total is a sum over every row of the day; a chat's and an account's sums cover
-# only their own rows (those of concurrent checks in one statement). Each is read at most
-# every ``recheck_seconds`` per process.
+# only their own rows (those of concurrent checks in one statement, one equality range scan
+# per key as a single key's read was: an ``= ANY`` over all of them measured 2-7x
+# ``SELECT 1`` where this is 1.2-2.5x). Each is read at most every ``recheck_seconds`` per
+# process.
 _TOTAL = f"""
 SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage WHERE created_at >= {_TODAY}
 """
 _SUMS = f"""
-SELECT 'chat', chat_key, coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-WHERE chat_key = ANY($1::text[]) AND created_at >= {_TODAY} GROUP BY chat_key
+SELECT 'chat', k, (SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+                   WHERE chat_key = k AND created_at >= {_TODAY}) FROM unnest($1::text[]) AS k
 UNION ALL
-SELECT 'account', account, coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
-WHERE account = ANY($2::text[]) AND created_at >= {_TODAY} GROUP BY account
+SELECT 'account', k, (SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM provider_usage
+                      WHERE account = k AND created_at >= {_TODAY}) FROM unnest($2::text[]) AS k
 """
+
 
 @dataclass(frozen=True)
 class Charge:
