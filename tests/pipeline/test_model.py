@@ -225,5 +225,5 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
 def test_scripts_match_the_model(servers):
     machine = make_machine(servers.durable_url)
     run_state_machine_as_test(machine, settings=settings(
-        max_examples=100, stateful_step_count=40, deadline=None,
+        max_examples=50, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
