@@ -36,7 +36,8 @@ from gateway.stores import redis as redis_clients
 from tests.topology import LocalCluster
 
 
-async def _bounded(count: int, concurrency: int, job: Callable[[int], Awaitable[Any]]) -> None:
+async def lanes(count: int, concurrency: int, job: Callable[[int], Awaitable[Any]]) -> None:
+    """``job(0..count-1)``, at most ``concurrency`` at a time."""
     next_index = 0
 
     async def lane() -> None:
@@ -63,9 +64,9 @@ async def one_run(client: Any, ops: int, concurrency: int, tag: str) -> tuple[fl
         assert await claims.release(client, found)
 
     start = time.perf_counter()
-    await _bounded(ops, concurrency, claim)
+    await lanes(ops, concurrency, claim)
     middle = time.perf_counter()
-    await _bounded(ops, concurrency, release)
+    await lanes(ops, concurrency, release)
     end = time.perf_counter()
     return ops / (middle - start), ops / (end - middle)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cluster import lanes
 from gateway.conversations.model import Incoming
 from gateway.inbox.entry import Entry
 from gateway.inbox.queue import Inbox
@@ -52,17 +53,14 @@ def commands(cluster: LocalCluster) -> dict[int, int]:
     return counts
 
 
-async def lanes(count: int, concurrency: int, job: Any) -> None:
-    next_index = 0
-
-    async def lane() -> None:
-        nonlocal next_index
-        while next_index < count:
-            index = next_index
-            next_index += 1
-            await job(index)
-
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
+async def finish(done: asyncio.Event, started: float, tasks: list[asyncio.Task[Any]]) -> float:
+    """Seconds from ``started`` until ``done`` (10 minutes at most); then ``tasks`` stopped."""
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - started
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return elapsed
 
 
 async def pipeline_run(client: Any, args: argparse.Namespace, run: str) -> float:
@@ -91,11 +89,7 @@ async def pipeline_run(client: Any, args: argparse.Namespace, run: str) -> float
     workers = [asyncio.create_task(worker(stage)) for stage in STAGES
                for _ in range(args.loops)]
     await lanes(args.items, args.concurrency, add)
-    await asyncio.wait_for(done.wait(), 600)
-    elapsed = time.perf_counter() - started
-    for task in workers:
-        task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
+    elapsed = await finish(done, started, workers)
     return args.items / elapsed
 
 
@@ -138,11 +132,7 @@ async def inbox_run(client: Any, args: argparse.Namespace, count: int, run: str)
             await box.push(f"{run}-{i}", message(f"{run}-{i}", n), None, 3600)
 
         await lanes(args.chats, args.concurrency, push)
-    await asyncio.wait_for(done.wait(), 600)
-    elapsed = time.perf_counter() - started
-    for task in consumers:
-        task.cancel()
-    await asyncio.gather(*consumers, return_exceptions=True)
+    elapsed = await finish(done, started, consumers)
     assert all(order == sorted(order) for order in seen.values()), "a chat out of order"
     return args.messages // args.chats * args.chats / elapsed
 

@@ -12,24 +12,12 @@ from gateway.app.worker import run_workers
 from gateway.stores.runtime import Runtime
 from tests.helpers import wait_until
 from tests.inbound.test_webhooks_e2e import FAST
-from tests.inbound.webhook_helpers import body_of, github, standard, stripe
+from tests.inbound.webhook_helpers import body_of, github, post_as_sender, standard, stripe
 
 
 async def rows(client: Any, topic: str) -> list[dict[str, Any]]:
     page = await (await client.get(f"/v1/feed?topic={topic}")).json()
     return list(page["rows"])
-
-
-async def post(client: Any, path: str, data: bytes, headers: dict[str, str]) -> Any:
-    """As a sender does: a 503 (a store slow to answer, Retry-After) is sent again, a few
-    times at most. The first write of a fresh process on a loaded three-master cluster can
-    take longer than the inbound write budget."""
-    for _ in range(3):
-        response = await client.post(path, data=data, headers=headers)
-        if response.status != 503:
-            break
-        assert response.headers["Retry-After"]
-    return response
 
 
 async def test_stored_webhooks_appear_on_their_source_topic(
@@ -38,11 +26,11 @@ async def test_stored_webhooks_appear_on_their_source_topic(
     untyped = body_of({"text": "x" * 700})
     pushed = body_of({"ref": "refs/heads/main", "title": "Push to main"})
     charged = body_of({"id": "evt_1", "type": "charge.succeeded"})
-    sent = [await post(client, "/v1/webhooks/demo", typed, standard(typed, "m1")),
-            await post(client, "/v1/webhooks/demo", untyped, standard(untyped, "m2")),
-            await post(client, "/v1/webhooks/gh", pushed, {
+    sent = [await post_as_sender(client, "/v1/webhooks/demo", typed, standard(typed, "m1")),
+            await post_as_sender(client, "/v1/webhooks/demo", untyped, standard(untyped, "m2")),
+            await post_as_sender(client, "/v1/webhooks/gh", pushed, {
                 **github(pushed, "d-1"), "X-GitHub-Event": "push"}),
-            await post(client, "/v1/webhooks/stripe", charged, stripe(charged))]
+            await post_as_sender(client, "/v1/webhooks/stripe", charged, stripe(charged))]
     assert [r.status for r in sent] == [202] * 4
     # Accepted, not stored yet: nothing in PostgreSQL for them, pending or numbered.
     assert await runtime.pg.fetchval("SELECT count(*) FROM feed") == 0
