@@ -16,8 +16,9 @@ memory per queued item. Figures are recorded in docs/performance.md.
     python bench/pipeline.py [--items 5000] [--concurrency 2] [--batch 64] [--peer-concurrency 50]
                              [--rounds 1] [--costs] [--no-peers]
 
-``--rounds N`` runs gateway, bare and bare-batch N times interleaved (the median is the
-figure; each round's ratios and load are printed); every gateway run also prints its CPU per
+``--rounds N`` runs gateway, bare, bare-batch, saq and arq N times interleaved, each round
+starting at the next runner (each round's rates, gateway ÷ each runner and load are printed;
+the medians over the rounds are the figures); every gateway run also prints its CPU per
 item (this process, the Redis servers, PostgreSQL), which other load moves far less than
 the rates. ``--costs`` adds a gateway run with ``bench/pipeline_costs.py``'s accounting: per
 stage, the worker's CPU and its round trips to each store per item.
@@ -33,7 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +281,24 @@ def run_peer(kind: str, url: str, n: int, concurrency: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _timed_gateway(settings: Settings, args: argparse.Namespace, servers: list[Any],
+                   cpus: list[tuple[float, float, float]]) -> float:
+    """Seconds of one gateway run; its CPU per item is appended to ``cpus``."""
+    seconds, cpu = asyncio.run(
+        run_gateway(settings, args.items, args.concurrency, args.batch, servers))
+    cpus.append(cpu)
+    return seconds
+
+
+def run_round(runners: dict[str, Callable[[], float]], i: int) -> dict[str, float]:
+    """Seconds of every runner once, starting at a different runner each round so that no
+    runner always goes first (or right after the same neighbour); the load after it."""
+    names = list(runners)
+    order = names[i % len(names):] + names[:i % len(names)]
+    seconds = {name: runners[name]() for name in order}
+    return {**{name: seconds[name] for name in names}, "load": os.getloadavg()[0]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=5000)
@@ -286,7 +307,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="gateway: items per transaction")
     parser.add_argument("--peer-concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1,
-                        help="gateway, bare and bare-batch this many times, interleaved")
+                        help="every runner this many times, interleaved")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--costs", action="store_true",
                         help="one more gateway run with per-stage CPU and round trips")
@@ -299,7 +320,6 @@ def main() -> int:
     rounds: list[dict[str, float]] = []
     cpus: list[tuple[float, float, float]] = []
     costs: pipeline_costs.Costs | None = None
-    results: dict[str, float] = {}
     try:
         durable = embedded.RedisServer("durable", root / "durable",
                                        embedded.new_password()).start()
@@ -311,21 +331,17 @@ def main() -> int:
         asyncio.run(migrate_url(pg.url))
         settings = replace(Settings(), durable_url=durable.url, cache_url=cache.url,
                            database_url=pg.url)
-        for _ in range(0 if args.memory_only else args.rounds):
-            seconds, cpu = asyncio.run(
-                run_gateway(settings, n, args.concurrency, args.batch, servers))
-            cpus.append(cpu)
-            rounds.append({"gateway": seconds,
-                           "bare": asyncio.run(run_bare(durable.url, n, args.concurrency)),
-                           "bare-batch": asyncio.run(run_bare(durable.url, n, args.concurrency,
-                                                              args.batch)),
-                           "load": os.getloadavg()[0]})
-        if rounds:
-            results = {name: sorted(r[name] for r in rounds)[len(rounds) // 2]
-                       for name in ("gateway", "bare", "bare-batch")}
-        if not args.no_peers and not args.memory_only:
+        runners: dict[str, Callable[[], float]] = {
+            "gateway": lambda: _timed_gateway(settings, args, servers, cpus),
+            "bare": lambda: asyncio.run(run_bare(durable.url, n, args.concurrency)),
+            "bare-batch": lambda: asyncio.run(run_bare(durable.url, n, args.concurrency,
+                                                       args.batch)),
+        }
+        if not args.no_peers:
             for kind in ("saq", "arq"):
-                results[kind] = run_peer(kind, durable.url, n, args.peer_concurrency)
+                runners[kind] = partial(run_peer, kind, durable.url, n, args.peer_concurrency)
+        for i in range(0 if args.memory_only else args.rounds):
+            rounds.append(run_round(runners, i))
         if args.costs:
             with pipeline_costs.measured({"redis-durable": durable.url, "redis-cache": cache.url,
                                           "postgres": pg.url}) as costs:
@@ -334,7 +350,7 @@ def main() -> int:
             memory_per_item(durable.url, n))
     finally:
         embedded.stop_all(servers)
-    report(args, results, rounds, cpus, costs)
+    report(args, rounds, cpus, costs)
     print(f"  redis memory per queued item: {per_item:.0f} bytes incl. a {payload}-byte "
           f"payload ({per_item - payload:.0f} bytes overhead); the next {n} items: "
           f"{marginal:.0f} each ({marginal - payload:.0f} overhead)")
@@ -343,28 +359,37 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, results: dict[str, float], rounds: list[dict[str, float]],
+def median(values: list[float]) -> float:
+    """The middle value (the upper one of an even count)."""
+    return sorted(values)[len(values) // 2]
+
+
+def report(args: argparse.Namespace, rounds: list[dict[str, float]],
            cpus: list[tuple[float, float, float]], costs: pipeline_costs.Costs | None) -> None:
-    """Rates (median seconds over the rounds), each round's ratios and load, CPU per item."""
+    """Per round: each runner's rate, gateway ÷ each runner, the gateway's CPU per item, the
+    load; then the medians over the rounds (the figures)."""
     n = args.items
-    rates = {name: n / seconds for name, seconds in results.items()}
+    others = [name for name in (rounds[0] if rounds else {}) if name not in ("gateway", "load")]
     print(f"{n} items x 4 stages, gateway/bare concurrency {args.concurrency}/stage, "
           f"peers {args.peer_concurrency}")
-    for name, rate in rates.items():
-        print(f"  {name:10s} {rate:8.0f} items/s  {4 * rate:8.0f} handler runs/s  "
-              f"({results[name]:.2f} s)")
     for i, (r, (worker, redis_cpu, pg_cpu)) in enumerate(zip(rounds, cpus, strict=True)):
-        print(f"  round {i + 1}: gateway / bare {r['bare'] / r['gateway']:.2f}, / bare-batch "
-              f"{r['bare-batch'] / r['gateway']:.2f}; gateway CPU per item: worker "
-              f"{worker:.0f} us, redis {redis_cpu:.0f}, postgres {pg_cpu:.0f}, all "
-              f"{worker + redis_cpu + pg_cpu:.0f}; load {r['load']:.1f}")
-    if "gateway" in rates:
-        gw = rates["gateway"]
-        print(f"  gateway / bare ceiling: {gw / rates['bare']:.2f}  "
-              f"(/ bare with the gateway's batch: {gw / rates['bare-batch']:.2f})")
-        for peer in ("saq", "arq"):
-            if peer in rates:
-                print(f"  gateway / {peer}: {gw / rates[peer]:.2f}")
+        print(f"  round {i + 1} (load {r['load']:.1f}): items/s " + ", ".join(
+            f"{name} {n / r[name]:.0f}" for name in ("gateway", *others)))
+        print("    gateway / " + ", ".join(
+            f"{name} {r[name] / r['gateway']:.2f}" for name in others))
+        print(f"    gateway CPU per item: worker {worker:.0f} us, redis {redis_cpu:.0f}, "
+              f"postgres {pg_cpu:.0f}, all {worker + redis_cpu + pg_cpu:.0f}")
+    if rounds:
+        print(f"  median of {len(rounds)} round(s): items/s " + ", ".join(
+            f"{name} {median([n / r[name] for r in rounds]):.0f}"
+            for name in ("gateway", *others)))
+        print("    gateway / " + ", ".join(
+            f"{name} {median([r[name] / r['gateway'] for r in rounds]):.2f}"
+            for name in others))
+        print("    gateway CPU per item: " + ", ".join(
+            f"{name} {median([c[k] for c in cpus]):.0f} us" for k, name in
+            enumerate(("worker", "redis", "postgres"))) +
+              f", all {median([sum(c) for c in cpus]):.0f} us")
     if costs is not None:
         print("  per stage (a run of its own, callbacks timed): worker CPU and round trips "
               "per item")
