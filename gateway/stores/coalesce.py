@@ -67,6 +67,7 @@ class AutoPipeline:
         self._pending: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         self._barrier_keys: dict[str, str] = {}  # cluster node name -> its sync: key
+        self._loading: dict[str, asyncio.Future[Any]] = {}  # script SHA -> its SCRIPT LOAD
         self.flushes = 0  # round trips sent, for benchmarks and tests
 
     async def batch(self, commands: Sequence[Command]) -> list[Any]:
@@ -95,11 +96,27 @@ class AutoPipeline:
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
         (reply,) = await self.batch([call])
         if isinstance(reply, NoScriptError):
-            await self.redis.script_load(script.script)  # on a cluster: every primary
+            await self._load(script)
             (reply,) = await self.batch([call])
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    async def _load(self, script: Any) -> None:
+        """``SCRIPT LOAD`` (on a cluster: every primary), one for every caller that met the
+        same ``NOSCRIPT`` meanwhile: after a restart each concurrent caller used to send its
+        own, each on a connection of its own."""
+        loading = self._loading.get(script.sha)
+        if loading is None:
+            loading = asyncio.ensure_future(self.redis.script_load(script.script))
+            self._loading[script.sha] = loading
+            loading.add_done_callback(lambda done: self._loaded(script.sha, done))
+        await asyncio.shield(loading)  # a caller that gives up leaves the load to the others
+
+    def _loaded(self, sha: str, done: asyncio.Future[Any]) -> None:
+        self._loading.pop(sha, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have given up
 
     def send_nowait(self, commands: Sequence[Command]) -> None:
         """Send with the next flush without waiting for the replies (errors are logged): for

@@ -3,6 +3,7 @@ objects (called by SHA; redis-py reloads a script the server forgot), built on f
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -21,3 +22,14 @@ def bound_scripts(client: AnyRedis, cls: type[T], sources: Mapping[str, str]) ->
         found = per_client[cls] = cls(**{name: client.register_script(text)
                                          for name, text in sources.items()})
     return found
+
+
+def bound_to(client: AnyRedis) -> list[Any]:
+    """Every script bound to ``client`` so far (each once), for loading them ahead of use
+    (``gateway.stores.warm``)."""
+    found: dict[str, Any] = {}
+    for scripts in _CACHE.get(client, {}).values():
+        for field in dataclasses.fields(scripts):
+            script = getattr(scripts, field.name)
+            found.setdefault(script.sha, script)
+    return list(found.values())

@@ -17,6 +17,7 @@ from gateway.api import routes
 from gateway.api.state import CLIENT_ADDRESS, OVER_CAP, RUNTIME, ClientAddress
 from gateway.inbound.http_intake import install as install_inbound
 from gateway.stores.runtime import Runtime
+from gateway.stores.warm import warm
 
 COMPONENTS: tuple[str, ...] = (
     "gateway.web.cors",
@@ -54,4 +55,10 @@ def create_app(runtime: Runtime, components: Sequence[str] = COMPONENTS) -> web.
     for name in components:
         importlib.import_module(name).setup(app, runtime)
     routes.fallback(app)
+
+    async def warm_durable(app: web.Application) -> None:
+        # Before the socket listens: the first request finds its scripts loaded.
+        await warm(runtime.durable)
+
+    app.on_startup.append(warm_durable)
     return app

@@ -36,8 +36,9 @@ def stripe(body: bytes, timestamp: int | None = None) -> dict[str, str]:
 
 async def post_as_sender(client: Any, path: str, data: bytes, headers: dict[str, str]) -> Any:
     """POST as a webhook sender does: a 503 (a store slow to answer, with Retry-After) is sent
-    again, three tries at most; the last answer. The first write of a fresh process on a
-    loaded three-master cluster can outlast the inbound write budget."""
+    again, three tries at most; the last answer. On a loaded 2-core machine a write can
+    outlast the inbound write budget (a three-master cluster's round trips, an AOF batch's
+    fsync wait)."""
     for _ in range(3):
         response = await client.post(path, data=data, headers=headers)
         if response.status != 503:
