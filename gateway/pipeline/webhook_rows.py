@@ -82,6 +82,6 @@ async def append(conn: asyncpg.Connection, items: Items,
 
 def _numbering(sequencer: Sequencer, topic: str) -> Callable[[], Awaitable[None]]:
     async def number() -> None:
-        await sequencer.sequence(topic)  # a failure leaves them to the sweeper
+        await sequencer.number(topic)  # a failure leaves them to the sweeper
 
     return number

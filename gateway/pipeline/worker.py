@@ -407,7 +407,7 @@ class StageWorker:
         for the next pass or the sweep, and the commit stands, so the items are still
         acknowledged."""
         roots = [t for t in sorted(topics) if not any(t.startswith(r + ":") for r in topics)]
-        for failed in await asyncio.gather(*map(self.sequencer.sequence, roots),
+        for failed in await asyncio.gather(*map(self.sequencer.number, roots),
                                            return_exceptions=True):
             if isinstance(failed, BaseException):
                 log.warning("%s: feed rows left pending for the sweep: %s", self.stage,

@@ -74,42 +74,48 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
 
 async def publish_signals(cache: AnyRedis, signals: Sequence[Signal],
                           auto: AutoPipeline | None = None) -> bool:
-    """PUBLISH each signal on its ``push:<topic>``, several in one round trip. Pub/sub is
-    at-most-once anyway, so a failure is logged and swallowed (polling the feed cures a lost
-    signal), and for a second after one this client skips publishing. Returns whether the
-    signals were sent. ``auto`` (a coalescer on ``cache``; not on a cluster, whose pipeline
-    cannot route a keyless PUBLISH): the signals ride with the concurrent callers' commands,
-    one round trip for them all."""
-    if not signals:
+    """PUBLISH each signal on its ``push:<topic>``; see ``publish_bodies``."""
+    return await publish_bodies(cache, [(signal[0], signal_body(*signal)) for signal in signals],
+                                auto)
+
+
+async def publish_bodies(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
+                         auto: AutoPipeline | None = None) -> bool:
+    """PUBLISH each (topic, signal body) on its ``push:<topic>``, several in one round trip,
+    in the order given. Pub/sub is at-most-once anyway, so a failure is logged and swallowed
+    (polling the feed cures a lost signal), and for a second after one this client skips
+    publishing. Returns whether the signals were sent. ``auto`` (a coalescer on ``cache``;
+    not on a cluster, whose pipeline cannot route a keyless PUBLISH): the signals ride with
+    the concurrent callers' commands, one round trip for them all."""
+    if not bodies:
         return True
     if _down_until.get(cache, 0.0) > time.monotonic():
-        metrics.SIGNALS.labels("skipped").inc(len(signals))
+        metrics.SIGNALS.labels("skipped").inc(len(bodies))
         return False
+    messages = [(keys.push_channel(topic), body) for topic, body in bodies]
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
             if auto is not None and not auto.cluster:
-                for reply in await auto.batch([("PUBLISH", *_publish_args(signal))
-                                               for signal in signals]):
+                for reply in await auto.batch([("PUBLISH", *message) for message in messages]):
                     if isinstance(reply, Exception):
                         raise reply
-            elif len(signals) == 1:
-                await cache.publish(*_publish_args(signals[0]))
+            elif len(messages) == 1:
+                await cache.publish(*messages[0])
             elif isinstance(cache, RedisCluster):
                 # A cluster pipeline cannot route keyless PUBLISH; one after another keeps
                 # the signals in offset order (a round trip each, on a cluster only).
-                for signal in signals:
-                    await cache.publish(*_publish_args(signal))
+                for message in messages:
+                    await cache.publish(*message)
             else:  # one script call: one command to pack and one reply, not one each
                 await _scripts(cache).publish(
-                    keys=[], args=[arg for signal in signals for arg in _publish_args(signal)])
-        metrics.SIGNALS.labels("sent").inc(len(signals))
+                    keys=[], args=[arg for message in messages for arg in message])
+        metrics.SIGNALS.labels("sent").inc(len(bodies))
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
-        metrics.SIGNALS.labels("failed").inc(len(signals))
+        metrics.SIGNALS.labels("failed").inc(len(bodies))
         _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
-        topic, offset = signals[0][:2]
-        log.warning("%d push signal(s) from %s:%s not sent (%s); skipping signals for %g s",
-                    len(signals), topic, offset, type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
+        log.warning("%d push signal(s) on %s not sent (%s); skipping signals for %g s",
+                    len(bodies), bodies[0][0], type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
         return False
 
 
@@ -123,11 +129,6 @@ _SOURCES = {"publish": (Path(__file__).parent / "lua" / "publish.lua").read_text
 
 def _scripts(cache: AnyRedis) -> _Scripts:
     return bound_scripts(cache, _Scripts, _SOURCES)
-
-
-def _publish_args(signal: Signal) -> tuple[str, str]:
-    topic, offset, kind, epoch, row_wire = signal
-    return keys.push_channel(topic), signal_body(topic, offset, kind, epoch, row_wire)
 
 
 class SignalListener:

@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.push.channel import publish_signals
+from gateway.push.channel import INLINE_ROW_MAX_CHARS, publish_signals
 from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
@@ -151,17 +151,74 @@ def _compact(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"))
 
 
+# A numbering statement (``feed_number_family``, migration 0018) returning its rows in
+# (topic, offset) order with their payloads as text, and for each row a pass signals (each of
+# the topic's own, and the last of each other topic of its family) the signal's JSON, built
+# here by PostgreSQL as ``channel.signal_body`` builds it: the head, then the row's wire form
+# (``FeedRow.to_json``, ``created_at`` as Python's ``isoformat`` writes it) as ``"row"`` when
+# it is at most $3 characters. So a pass that nobody reads the rows of decodes none and
+# encodes none again. (JSON text of PostgreSQL: the payload's whitespace and escapes differ
+# from Python's, the values do not.)
+_NUMBER = """
+WITH n AS (
+    SELECT feed_topic AS topic, feed_offset AS "offset", feed_epoch AS epoch,
+           feed_kind AS kind, feed_payload::text AS payload, feed_created_at AS created_at,
+           feed_topic = $1
+           OR feed_offset = max(feed_offset) OVER (PARTITION BY feed_topic) AS signalled
+    FROM feed_number_family($1, $2)
+), parts AS (
+    SELECT n.*, to_json(n.topic)::text AS t, to_json(n.kind)::text AS k,
+           to_char(n.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+           || coalesce(nullif(to_char(n.created_at AT TIME ZONE 'UTC', '.US'), '.000000'), '')
+           || '+00:00' AS at
+    FROM n
+), wire AS (
+    SELECT parts.*, '{"topic":' || t || ',"offset":' || "offset" || ',"epoch":' || epoch
+           || ',"kind":' || k || ',"payload":' || payload || ',"created_at":"' || at
+           || '"}' AS row_wire
+    FROM parts
+)
+SELECT topic, "offset", epoch, kind, payload, created_at,
+       CASE WHEN signalled THEN
+           '{"topic":' || t || ',"offset":' || "offset" || ',"kind":' || k || ',"epoch":'
+           || epoch || CASE WHEN length(row_wire) <= $3 THEN ',"row":' || row_wire ELSE ''
+           END || '}'
+       END AS signal
+FROM wire ORDER BY topic, "offset"
+"""
+
+
+@dataclass(frozen=True)
+class Numbered:
+    """The rows one numbering statement made, in (topic, offset) order, as PostgreSQL
+    returned them: decoded into ``FeedRow``s only when someone reads them (``rows``), while
+    their signals go out as PostgreSQL wrote them (``signals``)."""
+
+    topic: str  # the topic numbered (with its family)
+    records: list[asyncpg.Record]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def rows(self) -> list[FeedRow]:
+        return [FeedRow(r["topic"], r["offset"], r["epoch"], r["kind"], json.loads(r["payload"]),
+                        r["created_at"]) for r in self.records]
+
+    def signals(self) -> list[tuple[str, str]]:
+        """(topic, signal body) of each row a pass of ``topic`` signals, in offset order
+        per topic: each of the topic's own rows, and the statement's last row of every
+        other topic of the family."""
+        return [(r["topic"], r["signal"]) for r in self.records if r["signal"] is not None]
+
+
 async def number_pending(conn: asyncpg.Pool | asyncpg.Connection, topic: str,
-                         limit: int) -> list[FeedRow]:
+                         limit: int) -> Numbered:
     """Give at most ``limit`` committed pending rows of ``topic`` and of each topic of its
     family (``<topic>:...``, migration 0018) the next offsets of their topics, in one
     transaction of their own (the caller must not be inside one: the topics' numbering
     locks last until that transaction ends); returns the rows made, by topic, in offset
-    order."""
-    records = await conn.fetch("SELECT * FROM feed_number_family($1, $2)", topic, limit)
-    return sorted((FeedRow(r["feed_topic"], r["feed_offset"], r["feed_epoch"],
-                           r["feed_kind"], r["feed_payload"], r["feed_created_at"])
-                   for r in records), key=lambda row: (row.topic, row.offset))
+    order, with their signals."""
+    return Numbered(topic, await conn.fetch(_NUMBER, topic, limit, INLINE_ROW_MAX_CHARS))
 
 
 async def pending_topics(pool: asyncpg.Pool | asyncpg.Connection,

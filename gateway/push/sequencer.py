@@ -13,7 +13,10 @@ whose rows another process numbered are signalled by that process.
 
 A pass of a topic numbers its family with it (``feed.number_pending``): the rows a writer
 put on ``<topic>:...`` beside its rows on ``<topic>`` need no pass of their own, and each
-family topic gets one signal per pass, for its last row (``signalled``).
+family topic gets one signal per pass, for its last row (``signalled``). The statement
+returns the signals' JSON as PostgreSQL built it, and the rows undecoded
+(``feed.Numbered``): ``number`` (the writers' call) decodes nothing, ``sequence`` decodes the
+rows for a caller that reads them.
 
 ``run_sweeper`` numbers topics with pending rows older than ``SWEEP_AGE_SECONDS`` (their
 writer died between its commit and its pass, or PostgreSQL failed that pass): nothing
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.push import feed, metrics
+from gateway.push.channel import publish_bodies
 from gateway.push.protocol import FeedRow
 from gateway.stores.redis import AnyRedis
 
@@ -44,7 +48,7 @@ SWEEP_AGE_SECONDS = 2.0
 class _Topic:
     asked: int = 0  # sequence() calls so far
     covered: int = 0  # calls whose commit a finished pass has seen
-    running: asyncio.Task[list[FeedRow]] | None = None
+    running: asyncio.Task[list[feed.Numbered]] | None = None
 
 
 class Sequencer:
@@ -60,10 +64,18 @@ class Sequencer:
         returns the rows the passes it waited for numbered (others' rows included, and
         possibly not its own, when another process's pass took them). Raises when the pass
         failed: the rows stay pending for the next pass or the sweeper."""
+        return [row for numbered in await self._passes(topic) for row in numbered.rows()]
+
+    async def number(self, topic: str) -> int:
+        """``sequence`` for a writer that does not read the rows: how many the passes it
+        waited for numbered (no row decoded)."""
+        return sum(map(len, await self._passes(topic)))
+
+    async def _passes(self, topic: str) -> list[feed.Numbered]:
         state = self._topics.setdefault(topic, _Topic())
         state.asked += 1
         mine = state.asked
-        numbered: list[FeedRow] = []
+        numbered: list[feed.Numbered] = []
         while state.covered < mine:
             task = state.running
             if task is None:
@@ -73,19 +85,19 @@ class Sequencer:
             numbered += await asyncio.shield(task)
         return numbered
 
-    async def _pass(self, topic: str, state: _Topic) -> list[FeedRow]:
+    async def _pass(self, topic: str, state: _Topic) -> list[feed.Numbered]:
         target = state.asked  # every call so far committed before this pass looks
         try:
-            rows: list[FeedRow] = []
+            statements: list[feed.Numbered] = []
             async with self.pool.acquire() as conn:
                 while True:
-                    batch = await feed.number_pending(conn, topic, PASS_ROWS)
-                    rows += batch
-                    if len(batch) < PASS_ROWS:
+                    numbered = await feed.number_pending(conn, topic, PASS_ROWS)
+                    statements.append(numbered)
+                    if len(numbered) < PASS_ROWS:
                         break
-            await feed.publish_many(self.cache, signalled(topic, rows))
+            await publish_bodies(self.cache, signalled(topic, statements))
             state.covered = max(state.covered, target)
-            return rows
+            return statements
         finally:
             state.running = None
             if state.covered == state.asked and self._topics.get(topic) is state:
@@ -100,7 +112,7 @@ class Sequencer:
         async with self.pool.acquire() as conn:
             topics = await feed.pending_topics(conn, older_than_seconds)
         for topic in topics:
-            numbered += len(await self.sequence(topic))
+            numbered += await self.number(topic)
         if numbered:
             metrics.FEED_SWEPT.inc(numbered)
             log.info("numbered %d feed row(s) left pending after their writer's commit",
@@ -121,19 +133,24 @@ class Sequencer:
                     await stop.wait()
 
 
-def signalled(topic: str, rows: list[FeedRow]) -> list[FeedRow]:
-    """The rows a pass of ``topic`` signals: each of the topic's own, and the last of each
-    topic of its family. A signal says "the topic has offset N now"; a listener that had
-    N - k reads the rows between from the feed (the hub: once for all its clients), so a
-    family topic costs one PUBLISH per pass, not one per row."""
-    last: dict[str, FeedRow] = {}
-    for row in rows:
-        if row.topic != topic:
-            last[row.topic] = row
-    return [row for row in rows if row.topic == topic] + list(last.values())
+def signalled(topic: str, statements: list[feed.Numbered]) -> list[tuple[str, str]]:
+    """(topic, body) of the signals a pass of ``topic`` sends: one for each of the topic's
+    own rows, and one for the last row of each topic of its family. A signal says "the
+    topic has offset N now"; a listener that had N - k reads the rows between from the feed
+    (the hub: once for all its clients), so a family topic costs one PUBLISH per pass, not
+    one per row."""
+    own: list[tuple[str, str]] = []
+    last: dict[str, str] = {}
+    for numbered in statements:
+        for signal_topic, body in numbered.signals():
+            if signal_topic == topic:
+                own.append((signal_topic, body))
+            else:
+                last[signal_topic] = body
+    return own + list(last.items())
 
 
-def _retrieve(task: asyncio.Task[list[FeedRow]]) -> None:
+def _retrieve(task: asyncio.Task[list[feed.Numbered]]) -> None:
     """Mark a pass's failure as seen (its waiters got it, or were cancelled)."""
     if not task.cancelled():
         task.exception()
