@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.inbound import signing
+from gateway.outbound.standard_webhooks import Signer
 from tests.conftest import TEST_WEBHOOK_SECRET
 from tests.inbound.webhook_helpers import SOURCES, github, standard, stripe
 
@@ -27,6 +28,17 @@ def test_standard_signature_matches_the_spec_by_hand() -> None:
     assert headers == {"webhook-id": "msg_1", "webhook-timestamp": "1780000000",
                        "webhook-signature": "v1," + base64.b64encode(digest).decode()}
     assert signing.verify(SOURCES["demo"], headers, BODY, now=NOW) == "msg_1"
+
+
+@pytest.mark.parametrize("size", [0, 1, 32, 64, 65, 200])
+def test_signer_pads_the_key_as_hmac_does(size: int) -> None:
+    """The pre-hashed pads give ``hmac.digest``'s answer for keys under, at and over the
+    block size (a longer key is hashed first)."""
+    key = bytes(range(256))[:size] if size <= 256 else b""
+    for message in (b"", BODY, BODY * 100):
+        assert Signer(key).digest(message) == hmac.digest(key, message, "sha256")
+    assert Signer(key).standard("msg_1", NOW, BODY) == signing.standard_signature(
+        key, "msg_1", NOW, BODY).encode()
 
 
 @pytest.mark.parametrize(("offset", "ok"), [(-300, True), (300, True), (-301, False),
