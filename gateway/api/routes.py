@@ -16,12 +16,10 @@ OpenAPI document; a route registered without one is named by ``tests/api/test_op
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 from aiohttp import web
@@ -31,7 +29,7 @@ from gateway.api.connection_settings import ConnectionSettings
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
 from gateway.api.spec import Answer, Operation, Param, Route, one_of
 from gateway.api.state import AUTHENTICATE, OVER_CAP, PRINCIPAL, PUBLIC, RUNTIME
-from gateway.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from gateway.metrics import HTTP
 
 log = logging.getLogger("gateway.web")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -40,16 +38,7 @@ UNMATCHED = "unmatched"
 ROUTE_TABLE: web.AppKey[list[Route]] = web.AppKey("route_table", list)
 
 
-@functools.lru_cache(maxsize=4096)
-def _children(route: str, status: int) -> tuple[Any, Any]:
-    """Prometheus label lookups cost a few µs each; routes times statuses is a small set."""
-    return HTTP_REQUESTS.labels(route, str(status)), HTTP_LATENCY.labels(route)
-
-
-def _observe(route: str, status: int, seconds: float) -> None:
-    requests, latency = _children(route, status)
-    requests.inc()
-    latency.observe(seconds)
+_observe = HTTP.observe
 
 
 _CLOSED = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
