@@ -26,6 +26,7 @@ from aiohttp import web
 
 from gateway.api import parser_log
 from gateway.api.connection_settings import ConnectionSettings
+from gateway.api.deadlines import Deadlines
 from gateway.api.errors import RETRY_AFTER_SECONDS, ApiError, json_error, store_error
 from gateway.api.spec import Answer, Operation, Param, Route, one_of
 from gateway.api.state import AUTHENTICATE, OVER_CAP, PRINCIPAL, PUBLIC, RUNTIME
@@ -60,6 +61,8 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
     ``budget``: once the body is in, the credential check and the handler get this many
     seconds, then 503 + ``Retry-After`` (``WRITE_BUDGET_SECONDS`` for inbound writes)."""
 
+    deadlines = None if budget is None else Deadlines(budget)
+
     async def guarded_handler(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         length = request.content_length
@@ -71,16 +74,20 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
                                {"Connection": "close"})
             if request.body_exists and not request.content.is_eof():
                 await _read_in_time(request, body_seconds)
-            if budget is None:
+            if deadlines is None:
                 response = await checked(request)
             else:
+                entry = deadlines.enter()
                 try:
-                    async with asyncio.timeout(budget):
-                        response = await checked(request)
+                    response = await checked(request)
+                except asyncio.CancelledError:
+                    if not deadlines.leave(entry, cancelled=True):
+                        raise
+                    raise _over_budget(deadlines.seconds) from None
                 except TimeoutError:
-                    raise ApiError(503, "store_unavailable", f"a store did not answer within "
-                                   f"{budget:g} s; retry later",
-                                   {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+                    raise _over_budget(deadlines.seconds) from None
+                finally:
+                    deadlines.leave(entry)
         except Exception as exc:
             response = _error_response(exc, route)
         _observe(route, response.status, time.perf_counter() - started)
@@ -103,6 +110,11 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
     guarded_handler.__name__ = getattr(handler, "__name__", "handler")
     guarded_handler.__doc__ = handler.__doc__
     return guarded_handler
+
+
+def _over_budget(seconds: float) -> ApiError:
+    return ApiError(503, "store_unavailable", f"a store did not answer within {seconds:g} s; "
+                    "retry later", {"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 async def _read_in_time(request: web.Request, seconds: float) -> None:
