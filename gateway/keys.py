@@ -143,7 +143,7 @@ def row_for(key: str) -> Row | None:
 def _join(namespace: str, *parts: object) -> str:
     if not parts:
         raise ValueError(f"{namespace} key needs at least one part")
-    return namespace + ":".join(str(p) for p in parts)
+    return namespace + ":".join(map(str, parts))  # map: no generator frame (hot path)
 
 
 # --- durable -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError
 
 from gateway.dedup import claims
 from gateway.pipeline import metrics, shards
-from gateway.pipeline.queue import AdmissionClass, Quota, add_call
+from gateway.pipeline.queue import AdmissionClass, PackedAdds, Quota, add_call
 from gateway.pipeline.scripts import scripts_for
 from gateway.stores.coalesce import AutoPipeline
 
@@ -72,6 +72,8 @@ class Intaker:
         # One script when the claim and the item share one keyspace; tests switch it off to
         # drive the cluster's two-command path on a single instance.
         self.atomic = not auto.cluster
+        self._packed = (PackedAdds(self._window_arg, (self._ttl_arg,))
+                        if self.atomic and self._shard_count == 1 else None)
         self._enqueued = metrics.ENQUEUED.labels("store")
 
     async def submit(self, claim_key: str | None, item_id: str,
@@ -84,6 +86,13 @@ class Intaker:
         (then ``REFUSED``, nothing written). On a single instance the guard is read inside
         the same script; on a cluster, where it lives in another slot, by one command
         before."""
+        if (self.atomic and self._packed is not None and claim_key is not None
+                and guard is None and isinstance(document, str)):
+            # The common case (a signed webhook, a job with an id): claim_add packed mostly
+            # once per kind of item.
+            packed = self._packed.pack(self._claim_add.sha, item_id, document, claim_key,
+                                       priority, doc_type, quota, admission)
+            return self._outcome(int(await self.auto.run_packed(self._claim_add, packed)))
         add_keys, add_args = add_call(item_id, document, priority, doc_type,
                                       window=self._window_arg, quota=quota,
                                       admission=admission, shard_count=self._shard_count)

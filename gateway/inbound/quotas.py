@@ -16,7 +16,7 @@ per webhook source (64 and 128 MiB on a 640 MiB instance; those figures without
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api.errors import ApiError
@@ -29,6 +29,7 @@ RETRY_SECONDS = 30  # items leave at the pipeline's pace, not in an instant
 # Unset byte quotas: this share of maxmemory, or the fixed figure without one.
 CREDENTIAL_SHARE, SOURCE_SHARE = 0.10, 0.20
 UNBOUNDED_CREDENTIAL_BYTES, UNBOUNDED_SOURCE_BYTES = 64 * 2**20, 128 * 2**20
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,14 @@ class QuotaSettings:
     bytes_per_credential: int | None = None  # None: scaled with maxmemory
     items_per_source: int = 50_000
     bytes_per_source: int | None = None
+    _sources: dict[tuple[str, int | None], Quota | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> QuotaSettings:
         values: dict[str, int] = {}
         for name, raw in section.items():
-            if name not in cls.__dataclass_fields__:
+            if name not in cls.__dataclass_fields__ or name.startswith("_"):
                 raise ConfigError(f"[quotas].{name}", "unknown setting")
             if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
                 raise ConfigError(f"[quotas].{name}", f"must be a whole number >= 0 (got {raw!r})")
@@ -56,8 +59,16 @@ class QuotaSettings:
             self.bytes_per_credential, CREDENTIAL_SHARE, UNBOUNDED_CREDENTIAL_BYTES, maxmemory))
 
     def for_source(self, source: str, maxmemory: int | None = None) -> Quota | None:
-        return _quota(f"src.{source}", self.items_per_source, _bytes(
-            self.bytes_per_source, SOURCE_SHARE, UNBOUNDED_SOURCE_BYTES, maxmemory))
+        """Asked on every signed webhook: kept per source and ``maxmemory``."""
+        known = self._sources.get((source, maxmemory), _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
+        if len(self._sources) >= 1024:
+            self._sources.clear()
+        quota = self._sources[source, maxmemory] = _quota(
+            f"src.{source}", self.items_per_source,
+            _bytes(self.bytes_per_source, SOURCE_SHARE, UNBOUNDED_SOURCE_BYTES, maxmemory))
+        return quota
 
 
 def _bytes(configured: int | None, share: float, unbounded: int, maxmemory: int | None) -> int:

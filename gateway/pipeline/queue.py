@@ -14,7 +14,7 @@ import json
 import random
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.pipeline import metrics, shards
 from gateway.pipeline.scripts import scripts_for
@@ -94,17 +94,16 @@ _NO_QUOTA_ARGS = ("0", "0")
 _NO_CLASS_ARGS = ("", "0")
 
 
-@dataclass(frozen=True)
-class AdmissionClass:
+class AdmissionClass(NamedTuple):
     """Counts an item in the held bytes of admission class ``name``; ADD refuses it (-4)
-    when everything held would then pass ``limit`` bytes of cost (0: counted only)."""
+    when everything held would then pass ``limit`` bytes of cost (0: counted only). A
+    named tuple, as ``Quota``: ``PackedAdds`` hashes both on every inbound write."""
 
     name: str
     limit: int
 
 
-@dataclass(frozen=True)
-class Quota:
+class Quota(NamedTuple):
     """What one owner may hold in the pipeline at once (0: no limit of that kind)."""
 
     owner: str
@@ -174,6 +173,57 @@ def add_call(item_id: str, document: dict[str, Any] | str | None, priority: str 
                                      else _NO_QUOTA_ARGS),
             *((admission.name, str(admission.limit)) if admission else _NO_CLASS_ARGS)]
     return keys, args
+
+
+def _bulk(value: str) -> bytes:
+    """One RESP bulk string."""
+    data = value.encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+class PackedAdds:
+    """ADD, or a script that embeds it (``claim_add``), called by SHA and packed as RESP for
+    ``AutoPipeline.run_packed``. All but four of a call's ~22 arguments are the same for
+    every item of a kind (priority, type, quota, admission class): those are packed once per
+    kind, from ``add_call``'s own keys and arguments, and a call packs only the item's seen
+    bucket, the caller's extra key (the claim), the item id and the payload. Shard 0 only:
+    on several shards the keys depend on the item (use ``add_call``)."""
+
+    def __init__(self, window: str, extra_args: tuple[str, ...] = ()) -> None:
+        self.window = window
+        self.extra_args = extra_args
+        self._parts: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+
+    def pack(self, sha: str, item_id: str, payload: str, extra_key: str,
+             priority: str = "normal", doc_type: str = "other", quota: Quota | None = None,
+             admission: AdmissionClass | None = None) -> bytes:
+        """``EVALSHA sha n <ADD's keys> <extra_key> <ADD's arguments> <extra_args>``."""
+        if not item_id:
+            raise ValueError("item_id must be a non-empty string")
+        kind = (sha, priority, doc_type, quota, admission)
+        head, keys, args = self._parts.get(kind) or self._kind(kind, item_id, payload)
+        seen, extra = seen_key(item_id).encode(), extra_key.encode()
+        item, body = item_id.encode(), payload.encode()
+        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b" % (
+            head, len(seen), seen, keys, len(extra), extra, len(item), item, len(body), body,
+            args)
+
+    def _kind(self, kind: tuple[Any, ...], item_id: str,
+              payload: str) -> tuple[bytes, bytes, bytes]:
+        sha, priority, doc_type, quota, admission = kind
+        keys, args = add_call(item_id, payload, priority, doc_type, window=self.window,
+                              quota=quota, admission=admission)
+        # keys[0] is the item's seen bucket, args[0:2] the item and its payload: the rest
+        # is the kind's.
+        count = 3 + len(keys) + 1 + len(args) + len(self.extra_args)
+        head = b"*%d\r\n" % count + b"".join(map(_bulk, ("EVALSHA", sha,
+                                                          str(len(keys) + 1))))
+        parts = (head, b"".join(map(_bulk, keys[1:])),
+                 b"".join(map(_bulk, (*args[2:], *self.extra_args))))
+        if len(self._parts) >= 256:  # kinds are few; quotas scale with maxmemory
+            self._parts.clear()
+        self._parts[kind] = parts
+        return parts
 
 
 async def enqueue(durable: AnyRedis, item_id: str, document: dict[str, Any], *,

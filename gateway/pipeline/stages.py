@@ -4,6 +4,7 @@ under one shard's tag each: ``shards.py``). Every key function takes the shard's
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable
 
@@ -54,13 +55,24 @@ def seen_key(item_id: str, tag: str = TAG) -> str:
     hashes chosen by CRC-32 of the item id, so each stays listpack-encoded (~30 bytes an
     entry instead of ~107 in one big sorted set). ADD checks expiry against Redis TIME and
     trims a bounded sample of its bucket."""
-    return seen_bucket(zlib.crc32(item_id.encode()) % SEEN_BUCKETS, tag)
+    names = _SEEN_NAMES.get(tag) or _seen_names(tag)
+    return names[zlib.crc32(item_id.encode()) % SEEN_BUCKETS]
 
 
 def seen_bucket(bucket: int, tag: str = TAG) -> str:
     return keys.q("seen", bucket, tag=tag)
 
 
+# tag -> the names of its seen buckets, made once per shard (every ADD names one).
+_SEEN_NAMES: dict[str, list[str]] = {}
+
+
+def _seen_names(tag: str) -> list[str]:
+    names = _SEEN_NAMES[tag] = [seen_bucket(bucket, tag) for bucket in range(SEEN_BUCKETS)]
+    return names
+
+
+@functools.lru_cache(maxsize=4096)
 def quota_key(owner: str, tag: str = TAG) -> str:
     """HASH item -> payload bytes of the owner's items in the pipeline, '~bytes' -> their sum
     (``owner``: a credential's namespace, ``src.<source>`` for a webhook source)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hiredis import pack_command
@@ -43,8 +43,9 @@ log = logging.getLogger("gateway.coalesce")
 # and every write of that moment would be refused.
 MAX_BATCH_BYTES = 2 * 2**20
 Command = Sequence[Any]
-# A caller's commands, packed as RESP, and the future of its replies (None: not awaited).
-Pending = tuple[Sequence[Command], bytes, "asyncio.Future[list[Any]] | None"]
+# A caller's count of commands, the commands (None when the caller packed them itself, see
+# ``run_packed``), them packed as RESP, and the future of its replies (None: not awaited).
+Pending = tuple[int, Sequence[Command] | None, bytes, "asyncio.Future[list[Any]] | None"]
 
 
 class AutoPipeline:
@@ -94,10 +95,30 @@ class AutoPipeline:
         connection, outside the flush's ``WAITAOF`` (which covers only its own connection's
         writes), so a 202 could be answered for a write not yet on disk."""
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        (reply,) = await self.batch([call])
+        if self.cluster:  # the cluster pipeline needs the command, not its packed bytes
+            return await self._script_reply(script, self.batch, [call])
+        return await self._script_reply(script, self._packed_future, pack_command(call))
+
+    async def run_packed(self, script: Any, packed: bytes) -> Any:
+        """``run_script`` for one ``EVALSHA`` of ``script`` the caller packed as RESP itself
+        (``gateway.pipeline.queue.PackedAdds``: most of a call is the same every time).
+        Not on a cluster, whose pipeline routes commands, not bytes."""
+        if self.cluster:
+            raise TypeError("a cluster's flush takes commands, not packed bytes")
+        return await self._script_reply(script, self._packed_future, packed)
+
+    def _packed_future(self, packed: bytes) -> asyncio.Future[list[Any]]:
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._pending.append((1, None, packed, future))
+        self._start_flusher()
+        return future
+
+    async def _script_reply(self, script: Any, send: Callable[[Any], Awaitable[list[Any]]],
+                            call: Any) -> Any:
+        (reply,) = await send(call)
         if isinstance(reply, NoScriptError):
             await self._load(script)
-            (reply,) = await self.batch([call])
+            (reply,) = await send(call)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -133,7 +154,10 @@ class AutoPipeline:
         # Packed in the caller's turn (hiredis, in C): a bad argument fails its own caller,
         # never the batch it would have joined.
         packed = b"".join([pack_command(tuple(command)) for command in commands])
-        self._pending.append((commands, packed, future))
+        self._pending.append((len(commands), commands, packed, future))
+        self._start_flusher()
+
+    def _start_flusher(self) -> None:
         if self._flusher is None:
             # A task starts on the next loop turn: callers ready in this turn join the batch.
             self._flusher = asyncio.create_task(self._flush_loop())
@@ -152,8 +176,8 @@ class AutoPipeline:
                     taken = []
                     continue
                 start = 0
-                for commands, _, future in taken:
-                    end = start + len(commands)
+                for count, _, _, future in taken:
+                    end = start + count
                     if future is None:
                         _log_errors(replies[start:end])
                     elif not future.done():
@@ -172,10 +196,10 @@ class AutoPipeline:
     def _take(self) -> list[Pending]:
         # A caller that gave up before its commands went out (its request's budget ran out:
         # it was answered 503) is dropped: what it was told stays true.
-        self._pending = [p for p in self._pending if p[2] is None or not p[2].cancelled()]
+        self._pending = [p for p in self._pending if p[3] is None or not p[3].cancelled()]
         count = size = 0
-        for index, (commands, packed, _) in enumerate(self._pending):
-            count += len(commands)
+        for index, (calls, _, packed, _) in enumerate(self._pending):
+            count += calls
             size += len(packed)
             if count >= self.max_batch or size >= self.max_batch_bytes:
                 taken = self._pending[: index + 1]
@@ -186,16 +210,17 @@ class AutoPipeline:
 
     async def _send(self, taken: list[Pending]) -> list[Any]:
         if self.cluster:
-            return await self._cluster_send([c for commands, _, _ in taken for c in commands])
+            return await self._cluster_send([c for _, commands, _, _ in taken
+                                             for c in commands or ()])
         pool = self.redis.connection_pool  # type: ignore[union-attr]
         conn = await pool.get_connection()
         self.flushes += 1
         try:
             async with asyncio.timeout(self.flush_timeout):
                 await conn.send_packed_command(b"".join(
-                    [packed for _, packed, _ in taken] + ([_WAITAOF] if self.wait_aof else [])))
+                    [packed for _, _, packed, _ in taken] + ([_WAITAOF] if self.wait_aof else [])))
                 replies: list[Any] = []
-                for _ in range(sum(len(commands) for commands, _, _ in taken)):
+                for _ in range(sum(count for count, _, _, _ in taken)):
                     try:
                         replies.append(await conn.read_response(timeout=math.inf))
                     except ResponseError as exc:
@@ -291,10 +316,10 @@ def _check_on_disk(answers: list[Any]) -> None:
 
 def _fail(taken: list[Pending], exc: BaseException) -> None:
     """Every awaiting caller of ``taken`` gets ``exc``; lost unawaited writes are counted."""
-    lost = sum(1 for _, _, future in taken if future is None)
+    lost = sum(1 for _, _, _, future in taken if future is None)
     if lost:
         log.warning("%d unawaited redis writes lost: %s", lost, type(exc).__name__)
-    for _, _, future in taken:
+    for _, _, _, future in taken:
         if future is not None and not future.done():
             future.set_exception(exc)
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from hiredis import pack_command
 
 from gateway import keys
 from gateway.dedup.intake import Intake, Intaker
+from gateway.pipeline.queue import AdmissionClass, PackedAdds, Quota, add_call
 from gateway.pipeline.status import ready_items
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
@@ -75,3 +78,43 @@ async def test_a_present_guard_key_refuses_the_item_and_writes_nothing(
     assert await ready_items(runtime.durable, "store") == ["guarded"]
     if second is not None:
         assert not await runtime.durable.exists(second)
+
+
+@pytest.mark.parametrize("kind", [("normal", "other", None, None),
+                                  ("high", "code", Quota("src.demo", 5, 2**20), None),
+                                  ("critical", "api_docs", None, AdmissionClass("webhooks", 99)),
+                                  ("normal", "other", Quota("u", 0, 7), AdmissionClass("jobs", 0))])
+def test_a_packed_claim_add_is_the_generic_call_byte_for_byte(kind: tuple[Any, ...]) -> None:
+    """What ``PackedAdds`` packs once per kind, and the four strings it packs per call, give
+    the bytes of ``add_call``'s keys and arguments packed whole (the call it replaces)."""
+    priority, doc_type, quota, admission = kind
+    packed = PackedAdds("600000", (str(TTL),))
+    for item, payload in [("webhook:demo:1", '{"text":"x"}'), ("job-é", '{"text":"ü"}' * 50),
+                          ("webhook:demo:1", "")]:
+        add_keys, add_args = add_call(item, payload, priority, doc_type, window="600000",
+                                      quota=quota, admission=admission)
+        claim = keys.dedup_webhook("demo", item)
+        call = ("EVALSHA", "f" * 40, len(add_keys) + 1, *add_keys, claim, *add_args, str(TTL))
+        assert packed.pack("f" * 40, item, payload, claim, priority, doc_type, quota,
+                           admission) == pack_command(call)  # type: ignore[arg-type]
+
+
+async def test_a_packed_submit_claims_enqueues_and_refuses_as_the_script_does(
+        runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    intaker = Intaker(auto, TTL)
+    if not intaker.atomic or intaker._packed is None:
+        pytest.skip("packed calls are for a single instance")
+    quota = Quota("src.packed", 1, 0)
+    first, again, other = await asyncio.gather(
+        intaker.submit(keys.dedup_webhook("p", "1"), "webhook:p:1", '{"text":"a"}', quota=quota),
+        intaker.submit(keys.dedup_webhook("p", "1"), "webhook:p:1", '{"text":"a"}', quota=quota),
+        intaker.submit(keys.dedup_webhook("p", "2"), "webhook:p:2", '{"text":"b"}', quota=quota))
+    assert (first, again, other) == (Intake.ACCEPTED, Intake.DUPLICATE, Intake.OVER_QUOTA)
+    assert await runtime.durable.get(keys.dedup_webhook("p", "1")) == "done"
+    assert await runtime.durable.exists(keys.dedup_webhook("p", "2")) == 0  # nothing written
+    assert await ready_items(runtime.durable, "store") == ["webhook:p:1"]
+    await runtime.durable.script_flush()  # forgotten: loaded again through the pipeline
+    assert await intaker.submit(keys.dedup_webhook("p", "3"), "webhook:p:3", '{"text":"c"}'
+                                ) is Intake.ACCEPTED
+    await auto.drain()
