@@ -256,7 +256,7 @@ def lock(name: str) -> str:
 
 
 def dedup_webhook(source: str, delivery_id: str) -> str:
-    return _join("dedup:webhook:", source, delivery_id)
+    return f"dedup:webhook:{source}:{delivery_id}"  # both given: not _join (ingest path)
 
 
 def dedup_webhook_body(source: str, body_digest: str) -> str:

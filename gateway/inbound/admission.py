@@ -66,7 +66,7 @@ class Admission:
         """The coarse check (503 past the class's threshold of the instance's memory), then
         what ADD needs for the exact one: the class, and its limit of what the pipeline may
         hold (``threshold * maxmemory``; 0, counted only, without maxmemory)."""
-        ratio = await self.current()
+        ratio = self._ratio.value if self._ratio.fresh else await self.current()
         threshold = self.thresholds[cls]
         if ratio is not None and ratio >= threshold:
             raise ApiError(503, "backpressure",

@@ -75,7 +75,7 @@ def install(app: web.Application, runtime: Runtime) -> Inbound:
 async def refuse_during_maintenance(view: MaintenanceView) -> None:
     """503 + ``Retry-After`` while maintenance mode is on: the sender (or platform) retries
     later, and nothing is accepted that a restore could lose."""
-    state = await view.current()
+    state = view.state if view.fresh else await view.current()
     if state.on:
         raise ApiError(503, "maintenance", state.reason or "maintenance",
                        {"Retry-After": str(state.retry_after)})
@@ -83,6 +83,8 @@ async def refuse_during_maintenance(view: MaintenanceView) -> None:
 
 def require_json(request: web.Request) -> None:
     """415 unless the body is declared JSON (``application/json`` or ``*/*+json``)."""
+    if request.headers.get("Content-Type") == "application/json":  # as senders write it
+        return
     mime = request.content_type
     if mime != "application/json" and not mime.endswith("+json"):
         raise ApiError(415, "unsupported_media_type",

@@ -97,6 +97,11 @@ class MaintenanceView:
     async def current(self) -> State:
         return await self._state.get()
 
+    @property
+    def fresh(self) -> bool:
+        """``state`` is recent enough to answer without awaiting ``current``."""
+        return self._state.fresh
+
     async def wait_until_off(self) -> None:
         """Return once maintenance is off (at once when it is): the state lives in Redis, so
         this polls it at the view's refresh interval."""

@@ -22,6 +22,12 @@ class Refreshed(Generic[T]):
         self._read_at = float("-inf")
         self._reading: asyncio.Future[T] | None = None
 
+    @property
+    def fresh(self) -> bool:
+        """The value is recent enough to use without ``get`` (the caller's hot path may
+        then skip a coroutine's cost)."""
+        return time.monotonic() - self._read_at < self.interval
+
     async def get(self) -> T:
         if time.monotonic() - self._read_at < self.interval:
             return self.value
