@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from gateway import keys
 from gateway.stores import redis as redis_clients
-from gateway.stores.coalesce import AutoPipeline
+from gateway.stores.coalesce import AutoPipeline, _buffered_replies
 from gateway.stores.embedded import free_port
 from gateway.stores.runtime import Runtime
 from tests.helpers import wait_until
@@ -54,6 +54,29 @@ async def test_one_callers_error_does_not_touch_the_others(runtime: Runtime) -> 
         return_exceptions=True)
     assert outcomes[0] == 1 and outcomes[2] == 2
     assert isinstance(outcomes[1], ResponseError)
+
+
+async def test_replies_read_from_the_buffer_are_read_responses_own(runtime: Runtime) -> None:
+    """The replies a flush finds already read (hiredis' buffer) come back as
+    ``read_response`` gives them: values decoded, each error its own redis-py class."""
+    auto = AutoPipeline(runtime.durable)
+    if auto.cluster:
+        pytest.skip("a cluster's flush is a cluster pipeline")
+    conn = await runtime.durable.connection_pool.get_connection()  # type: ignore[union-attr]
+    try:
+        assert _buffered_replies(conn) is not None, "hiredis is installed: the fast path runs"
+    finally:
+        await runtime.durable.connection_pool.release(conn)  # type: ignore[union-attr]
+    await runtime.durable.set(f"{COUNTER}:text", "é")
+    replies = await asyncio.gather(*(auto.batch([
+        ("GET", f"{COUNTER}:text"), ("INCR", f"{COUNTER}:text"), ("EVALSHA", "0" * 40, 0),
+        ("SET", f"{COUNTER}:{n}", n, "NX")]) for n in range(100)))
+    for text, incr, noscript, written in replies:
+        assert text == "é"
+        assert type(incr) is ResponseError and "not an integer" in str(incr)
+        assert isinstance(noscript, NoScriptError)
+        assert written == "OK"
+    assert auto.flushes <= 4
 
 
 async def test_an_argument_redis_cannot_take_fails_only_its_caller(runtime: Runtime) -> None:
