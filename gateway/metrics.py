@@ -1,5 +1,5 @@
 """Process-wide Prometheus metrics shared across components (component-specific metrics live
-with their component).
+with their component), and ``PlainCounter`` for counters bumped on the ingest path.
 
 The two metrics of every HTTP request are counted in plain numbers and exported through a
 collector: prometheus-client's children take a lock per increment and walk the histogram's
@@ -76,6 +76,48 @@ class HttpMetrics(Collector):
                 latency.samples.append(Sample("gateway_http_request_seconds_created",
                                               {"route": route}, self._created[route]))
         yield latency
+
+
+class _CountChild:
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+
+class PlainCounter(Collector):
+    """A labelled counter exported as prometheus-client's ``Counter`` is (``_total`` and
+    ``_created`` per child, children in creation order), counted in a plain attribute: an
+    ``inc`` on the event loop's thread without the lock and checks of the client's (~1 µs;
+    the pipeline's enqueue count is bumped on every accepted webhook)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self.name, self.documentation = name.removesuffix("_total"), documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], _CountChild] = {}
+        REGISTRY.register(self)
+
+    def labels(self, *values: str) -> _CountChild:
+        key = tuple(map(str, values))
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _CountChild()
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        created = getattr(_client_metrics, "_use_created", True)
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in list(self._children.items()):
+            family.add_metric(key, child.value, child.created if created else None)
+        yield family
 
 
 HTTP = HttpMetrics()

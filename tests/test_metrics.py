@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.metrics import LATENCY_BUCKETS, HttpMetrics
+from gateway.metrics import LATENCY_BUCKETS, HttpMetrics, PlainCounter
 
 OBSERVED = [("/v1/webhooks/{source}", 202, 0.0004), ("/v1/webhooks/{source}", 202, 0.001),
             ("/v1/webhooks/{source}", 401, 0.0031), ("/healthz", 200, 0.7),
@@ -40,3 +41,21 @@ def test_same_exposition_as_prometheus_client() -> None:
                if "_created{" in line]
     assert len(created) == 4 + 3  # one per (route, status), one per route
     assert all(started <= float(line.rsplit(" ", 1)[1]) <= time.time() for line in created)
+
+
+def test_a_plain_counter_exports_what_a_counter_does() -> None:
+    theirs = CollectorRegistry()
+    counter = Counter("gateway_test_things_total", "things", ["stage"], registry=theirs)
+    ours = PlainCounter("gateway_test_things_total", "things", ["stage"])
+    try:
+        for stage, amount in [("store", 1), ("chunk", 3), ("store", 2.5), ("embed", 0)]:
+            counter.labels(stage).inc(amount)
+            ours.labels(stage).inc(amount)
+        lines = [line for line in _text(REGISTRY) if "gateway_test_things" in line]
+        assert lines == _text(theirs)
+        with pytest.raises(ValueError):
+            ours.labels("store").inc(-1)
+        with pytest.raises(ValueError):
+            ours.labels("store", "extra")
+    finally:
+        REGISTRY.unregister(ours)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-ENQUEUED = Counter("gateway_pipeline_enqueued_total", "items enqueued into a stage", ["stage"])
+from gateway.metrics import PlainCounter
+
+# Bumped on every accepted webhook: counted without prometheus-client's lock.
+ENQUEUED = PlainCounter("gateway_pipeline_enqueued_total", "items enqueued into a stage",
+                        ["stage"])
 COMPLETED = Counter("gateway_pipeline_completed_total", "stage completions", ["stage"])
 FAILED = Counter("gateway_pipeline_failed_total", "handler failures", ["stage"])
 DELAYED = Counter("gateway_pipeline_delayed_total", "items told to wait (a spent budget)",
