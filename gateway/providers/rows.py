@@ -2,7 +2,10 @@
 ``INSERT ... SELECT FROM unnest(...)`` (one statement and round trip for the batch instead of
 one per call). Each caller still waits for its own row's commit, so a call returns only once
 its row is stored, as with one statement per row; a batch forms from the rows submitted while
-the previous one is on the wire, so nothing waits for a timer.
+the previous one is on the wire, so nothing waits for a timer. Batches that follow each other
+share one pooled connection: one acquire and one session reset (a round trip of its own) for
+the run, not per statement, and each batch's callers are answered as soon as its statement
+returns, not after the reset.
 """
 
 from __future__ import annotations
@@ -35,29 +38,36 @@ class RowWriter:
 
     async def write(self, row: Row) -> None:
         """Store ``row`` with the next batch; raises what the batch's statement raised."""
+        await asyncio.shield(self.submit(row))
+
+    def submit(self, row: Row) -> asyncio.Future[None]:
+        """Queue ``row`` for the next batch, at once: the future is done when the row is
+        stored, or holds what the batch's statement raised (``write`` waits for it)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((row, future))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_loop())
-        await asyncio.shield(future)
+        return future
 
     async def _write_loop(self) -> None:
+        taken: list[tuple[Row, asyncio.Future[None]]] = []
         try:
             while self._pending:
-                taken, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                taken = self._take()
                 try:
-                    self.statements += 1
-                    await self.pool.execute(_INSERT, *_columns([row for row, _ in taken]))
-                except BaseException as exc:
-                    for _, future in taken:
-                        if not future.done():
-                            future.set_exception(exc)
+                    async with self.pool.acquire() as conn:
+                        while True:
+                            self.statements += 1
+                            await conn.execute(_INSERT, *_columns([row for row, _ in taken]))
+                            _answer(taken, None)
+                            if not self._pending:
+                                break
+                            taken = self._take()
+                except BaseException as exc:  # the batch not answered yet gets the error;
+                    # the next one takes a connection of its own
+                    _answer(taken, exc)
                     if not isinstance(exc, Exception):
                         raise
-                    continue
-                for _, future in taken:
-                    if not future.done():
-                        future.set_result(None)
         finally:
             self._writer = None
             for _, future in self._pending:  # cancelled at shutdown: no caller waits forever
@@ -65,10 +75,24 @@ class RowWriter:
                     future.set_exception(asyncio.CancelledError())
             self._pending = []
 
+    def _take(self) -> list[tuple[Row, asyncio.Future[None]]]:
+        taken, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+        return taken
+
     async def drain(self) -> None:
         """Wait until every submitted row has been written (or failed)."""
         while self._writer is not None:
             await asyncio.shield(self._writer)
+
+
+def _answer(taken: list[tuple[Row, asyncio.Future[None]]], exc: BaseException | None) -> None:
+    for _, future in taken:
+        if future.done():
+            continue
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
 
 
 def _columns(rows: list[Row]) -> list[list[Any]]:
