@@ -104,6 +104,13 @@ class Chain:
             await self.ledger.record(provider=client.name, model=model, kind=kind,
                                      usage=usage, charge=charge)
 
+    def _submit(self, client: OpenAIClient, model: str, kind: str, usage: Usage,
+                charge: Charge) -> asyncio.Future[None] | None:
+        if self.ledger is None:
+            return None
+        return self.ledger.submit(provider=client.name, model=model, kind=kind, usage=usage,
+                                  charge=charge)
+
     async def _settle(self, ticket: Ticket, client: OpenAIClient, model: str, charge: Charge,
                       usage: Usage) -> None:
         """A stream's end: its tokens settled in the limiter and its usage row written."""
@@ -165,12 +172,16 @@ class Chain:
                     async with self._admitted(client, estimate) as ticket:
                         result = await call(client)
                         await ticket.settle(result.usage.total)
+                        # The usage row is queued now: its statement and the slot's release
+                        # (the block's end) overlap instead of following each other.
+                        written = self._submit(client, model, kind, result.usage, charge)
                 except ProviderError as error:
                     if await self._go_on(client, error, retried, failures):
                         retried += 1
                         continue
                     break
-                await self._record(client, model, kind, result.usage, charge)
+                if written is not None and self.ledger is not None:
+                    await self.ledger.stored(written, kind, client.name)
                 return result
         raise ChainFailed(failures)
 

@@ -20,6 +20,7 @@ statement (``gateway.providers.rows``); each call returns once its row is stored
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,12 +134,24 @@ class UsageLedger:
         """One row for a finished call, stored with the rows of concurrent calls (one
         statement), its tokens counted at once in this process's sums. A failed write is
         logged, not raised: the call has happened and its answer is worth more than its row."""
+        await self.stored(self.submit(provider=provider, model=model, kind=kind, usage=usage,
+                                      charge=charge), kind, provider)
+
+    def submit(self, *, provider: str, model: str, kind: str, usage: Usage,
+               charge: Charge) -> asyncio.Future[None]:
+        """``record`` without the wait: the row queued for the next statement and its
+        tokens counted, at once; ``stored`` waits for the row. A caller with other round
+        trips to make (a provider call's slot release) overlaps them with the row's."""
         self.sums.add(charge.chat, charge.account, usage.total)
         self.total.value += usage.total
+        return self.rows.submit((provider, model, kind, usage.prompt_tokens,
+                                 usage.completion_tokens, usage.estimated, charge.chat,
+                                 charge.job, charge.account))
+
+    async def stored(self, written: asyncio.Future[None], kind: str, provider: str) -> None:
+        """Wait for a row ``submit`` queued; a failed write is logged, as in ``record``."""
         try:
-            await self.rows.write((provider, model, kind, usage.prompt_tokens,
-                                   usage.completion_tokens, usage.estimated, charge.chat,
-                                   charge.job, charge.account))
+            await asyncio.shield(written)
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
 
