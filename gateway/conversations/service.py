@@ -195,7 +195,7 @@ class ConversationService:
         """A reply handed over as it is written: shown live (typing, one message, edits)
         when the destination can be edited, else collected; the whole text either way,
         delivered after it is stored, like any reply."""
-        if not isinstance(send, live.LiveReply):
+        if not live.is_live(send):
             return await live.collect(deltas, APOLOGY)
         bot = f"{incoming.platform}:bot"
         pace = live.Pace(self.limiter, limit_names(incoming, self.limits, edit=True),
@@ -209,7 +209,7 @@ class ConversationService:
         # pool for a second one could wait forever once every connection is a waiting chat.
         shown = text
         limits = limit_names(incoming, self.limits)
-        if not isinstance(send, live.LiveReply):  # one message, however long the text
+        if not live.is_live(send):  # one message, however long the text
             shown = live.fit(text, live.MAX_CHARS.get(incoming.platform, len(text)))
         elif send.editing:  # the last edit of a stream, or no platform call at all when
             # the messages show the whole text already

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from gateway.outbound.errors import retry_after_of
 from gateway.ratelimit import Limiter, Rate
@@ -72,6 +72,13 @@ class LiveReply(Protocol):
         """The text those messages show together, as far as this process knows."""
         ...
 
+
+
+def is_live(send: object) -> TypeGuard[LiveReply]:
+    """``isinstance(send, LiveReply)``, cheap for the usual sender, a plain function: a
+    runtime protocol's check walks the protocol's members on every call (20-45 µs on Python
+    3.11, once per reply), and an object without ``show`` cannot pass it."""
+    return hasattr(send, "show") and isinstance(send, LiveReply)
 
 @dataclass(frozen=True)
 class Pace:
