@@ -6,7 +6,9 @@ Run from the repository root: ``python bench/providers.py [--calls 2000] [--rows
    provider's ``rl:`` slot and request+tokens windows, the call, the tokens settled, the
    usage row) vs the bare ``OpenAIClient.embeddings`` (the same HTTP call alone), both
    against the fake OpenAI-compatible server on loopback (``tests/fakes/openai.py``), same
-   16 coroutines, limits set high so nothing waits. The ratio is calls/s chain / bare.
+   16 coroutines, limits set high so nothing waits. The ratio is calls/s chain / bare. The
+   two run in turn, ``--slices`` slices of each (10: 200 calls a slice), so that load from
+   other processes, which moves within seconds on a shared machine, falls on both alike.
 2. Budget check: ``UsageLedger.check`` (one statement, three index-only sums over today's
    rows) at N usage rows today (spread over 1,000 chats and 100 accounts), p50/p99, vs
    ``SELECT 1`` on the same pool (the floor of any statement).
@@ -48,6 +50,14 @@ BUDGETS = {"daily_tokens_per_chat": 10**12, "daily_tokens_per_account": 10**12,
 class Rate:
     per_second: float
     cpu_us: float  # this process's CPU per call (the fake server's included, stores' not)
+    calls: int = 0
+    seconds: float = 0.0
+
+    def plus(self, other: Rate) -> Rate:
+        """Two runs as one: their calls over their summed time and CPU."""
+        calls, seconds = self.calls + other.calls, self.seconds + other.seconds
+        cpu = self.cpu_us * self.calls + other.cpu_us * other.calls
+        return Rate(calls / seconds, cpu / calls, calls, seconds)
 
 
 async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> Rate:
@@ -61,11 +71,11 @@ async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> Rate:
 
     started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return Rate(calls / (time.perf_counter() - started),
-                (time.process_time() - cpu) / calls * 1e6)
+    seconds = time.perf_counter() - started
+    return Rate(calls / seconds, (time.process_time() - cpu) / calls * 1e6, calls, seconds)
 
 
-async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int,
+async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int, slices: int,
                       profile: cProfile.Profile | None = None) -> tuple[Rate, Rate]:
     tables = provider_tables(("bench", fake), key_env="BENCH_KEY",
                              requests_per_minute=10**7, tokens_per_minute=10**9,
@@ -78,13 +88,16 @@ async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int,
         chain, client = providers.chain(["bench"]), providers.client("bench")
         texts = ["a short chunk of text to embed"] * 4
         await rate(50, lambda i: client.embeddings("m", texts))  # warm-up
-        bare = await rate(calls, lambda i: client.embeddings("m", texts))
-        if profile is not None:
-            profile.enable()
-        full = await rate(calls, lambda i: chain.embeddings(
-            "m", texts, charge=Charge(chat=f"c{i % 50}", account=f"a{i % 5}")))
-        if profile is not None:
-            profile.disable()
+        bare, full = Rate(0.0, 0.0), Rate(0.0, 0.0)
+        for start in range(0, calls, calls // slices):  # alternately, slice by slice
+            n = min(calls // slices, calls - start)
+            bare = bare.plus(await rate(n, lambda i: client.embeddings("m", texts)))
+            if profile is not None:
+                profile.enable()
+            full = full.plus(await rate(n, lambda i: chain.embeddings(
+                "m", texts, charge=Charge(chat=f"c{i % 50}", account=f"a{i % 5}"))))
+            if profile is not None:
+                profile.disable()
     finally:
         await providers.close()
     return full, bare
@@ -133,7 +146,7 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
     async with embedded_runtime(root, pg_max_size=CONCURRENCY + 2) as rt:
         async with FakeOpenAI(api_key=KEY) as fake:
             for round_no in range(1, args.rounds + 1):
-                full, bare = await chain_round(rt, fake, args.calls, profile)
+                full, bare = await chain_round(rt, fake, args.calls, args.slices, profile)
                 print(f"round {round_no} chain: {full.per_second:,.0f} calls/s "
                       f"({full.cpu_us:,.0f} µs CPU/call), bare client "
                       f"{bare.per_second:,.0f} calls/s ({bare.cpu_us:,.0f} µs CPU/call), "
@@ -158,6 +171,8 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")],
                         default=[10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--slices", type=int, default=10,
+                        help="each side's calls in this many slices, bare and chain in turn")
     parser.add_argument("--profile", metavar="FILE",
                         help="cProfile the chain's calls; stats to FILE, top costs printed")
     run_in_tempdir(main_async, parser.parse_args())
