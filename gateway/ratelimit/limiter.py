@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import secrets
 from collections.abc import AsyncIterator, Sequence
@@ -39,23 +40,30 @@ _AMEND = _CLOCK + (_HERE / "amend.lua").read_text()
 _SLOTS = _CLOCK + _SLOT + (_HERE / "slots.lua").read_text()
 _COOLDOWN = _CLOCK + (_HERE / "cooldown.lua").read_text()
 _MICRO = 1_000_000
+# Key names are built once per name and process (every call names the same few provider
+# groups and platform buckets; ~1.5 µs per key, six keys and more per provider call).
+KEY_CACHE = 4096
 
 
+@functools.lru_cache(maxsize=KEY_CACHE)
 def window_key(name: str) -> str:
     """The log of one limit; its running total is ``<key>:total`` (same hash tag)."""
     return keys.rl("window", "{" + name + "}")
 
 
+@functools.lru_cache(maxsize=KEY_CACHE)
 def group_key(tag: str, part: str) -> str:
     """The log of one of several limits taken together (``acquire_all``): one hash tag."""
     return keys.rl("window", "{" + tag + "}", part)
 
 
+@functools.lru_cache(maxsize=KEY_CACHE)
 def cooldown_key(tag: str) -> str:
     """A group's cool-down deadline (same hash tag as its logs); expires with it."""
     return keys.rl("cooldown", "{" + tag + "}")
 
 
+@functools.lru_cache(maxsize=KEY_CACHE)
 def group_slots_key(tag: str) -> str:
     """A group's concurrency slots (same hash tag as its logs: one script takes both)."""
     return keys.rl("slots", "{" + tag + "}")
