@@ -14,8 +14,9 @@ Run from the repository root: ``python bench/providers.py [--calls 2000] [--rows
    ``SELECT 1`` on the same pool (the floor of any statement).
 
 Servers are embedded (redis-durable, redis-cache, PostgreSQL) on this machine.
-``--profile FILE``: the chain's calls of each round under cProfile (stats to FILE, the top
-costs per call printed), the bare client's runs unprofiled.
+``--parts``: also the chain's parts without the HTTP call (the limiter alone, the ledger
+alone), CPU per call. ``--profile FILE``: the chain's calls of each round under cProfile
+(stats to FILE, the top costs per call printed), the bare client's runs unprofiled.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stores import embedded_runtime, run_in_tempdir  # sibling bench script
 
-from gateway.providers import Charge, ModelProviders, UsageLedger, budgets
+from gateway.providers import Charge, ModelProviders, Usage, UsageLedger, budgets
 from gateway.stores.runtime import Runtime
 from tests.fakes.openai import FakeOpenAI, provider_tables
 
@@ -75,15 +76,20 @@ async def rate(calls: int, one: Callable[[int], Awaitable[object]]) -> Rate:
     return Rate(calls / seconds, (time.process_time() - cpu) / calls * 1e6, calls, seconds)
 
 
-async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int, slices: int,
-                      profile: cProfile.Profile | None = None) -> tuple[Rate, Rate]:
+def bench_providers(rt: Runtime, fake: FakeOpenAI) -> ModelProviders:
+    """The provider "bench" on the fake, limits set high so nothing waits, every budget."""
     tables = provider_tables(("bench", fake), key_env="BENCH_KEY",
                              requests_per_minute=10**7, tokens_per_minute=10**9,
                              concurrent=CONCURRENCY)
     settings = dataclasses.replace(rt.settings, sections={"providers": tables,
                                                           "budgets": BUDGETS})
-    providers = ModelProviders.from_settings(settings, rt.durable, rt.pg,
-                                             environ={"BENCH_KEY": KEY})
+    return ModelProviders.from_settings(settings, rt.durable, rt.pg,
+                                        environ={"BENCH_KEY": KEY})
+
+
+async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int, slices: int,
+                      profile: cProfile.Profile | None = None) -> tuple[Rate, Rate]:
+    providers = bench_providers(rt, fake)
     try:
         chain, client = providers.chain(["bench"]), providers.client("bench")
         texts = ["a short chunk of text to embed"] * 4
@@ -101,6 +107,32 @@ async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int, slices: int,
     finally:
         await providers.close()
     return full, bare
+
+
+async def parts_round(rt: Runtime, fake: FakeOpenAI, calls: int) -> tuple[Rate, Rate]:
+    """What the chain adds, in two parts without the HTTP call, each from CONCURRENCY
+    coroutines: the limiter alone (the slot, request and tokens taken, the tokens settled and
+    the slot given back: two script calls) and the ledger alone (the budget check, the usage
+    row)."""
+    providers = bench_providers(rt, fake)
+    limits, ledger = providers.limits, providers.ledger
+    assert ledger is not None
+
+    async def limited(i: int) -> None:
+        async with limits.call("bench", tokens=32) as ticket:
+            await ticket.settle(30)
+
+    async def ledgered(i: int) -> None:
+        charge = Charge(chat=f"c{i % 50}", account=f"a{i % 5}")
+        await ledger.check(charge)
+        await ledger.record(provider="bench", model="m", kind="embeddings", usage=Usage(30),
+                            charge=charge)
+
+    try:
+        await limited(-1)
+        return await rate(calls, limited), await rate(calls, ledgered)
+    finally:
+        await providers.close()
 
 
 async def check_round(rt: Runtime, rows: int, samples: int = 500) -> tuple[float, ...]:
@@ -154,6 +186,11 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                       f"{bare.cpu_us / full.cpu_us:.2f} by CPU per call "
                       f"(load {os.getloadavg()[0]:.1f})")
                 fake.reset()
+                if args.parts:
+                    limiter, ledger = await parts_round(rt, fake, args.calls)
+                    print(f"round {round_no} parts: limiter alone {limiter.cpu_us:,.0f} µs "
+                          f"CPU/call, ledger alone {ledger.cpu_us:,.0f} µs CPU/call "
+                          f"(load {os.getloadavg()[0]:.1f})")
         if profile is not None:
             print_profile(profile, args.profile, args.calls * args.rounds)
         for round_no in range(1, args.rounds + 1):
@@ -173,6 +210,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slices", type=int, default=10,
                         help="each side's calls in this many slices, bare and chain in turn")
+    parser.add_argument("--parts", action="store_true",
+                        help="also the limiter alone and the ledger alone, CPU per call")
     parser.add_argument("--profile", metavar="FILE",
                         help="cProfile the chain's calls; stats to FILE, top costs printed")
     run_in_tempdir(main_async, parser.parse_args())
