@@ -18,7 +18,9 @@ stats, for ``python -m pstats``).
    leases the chat and (a) only stores the message and its feed row ("arrival to stored")
    or (b) runs the whole ``handle_leased`` (store, default handler, reply, limiter, send,
    settle) and acknowledges, vs the same bare baseline, measured before and after these
-   two runs (their mean: load from other processes moves during a round).
+   two runs (their mean: load from other processes moves during a round). Also the CPU per
+   message of (b) and per transaction of the baseline run after it: this process's and the
+   embedded stores' (/proc), which other load moves less than the rates.
 4. Round trips per message (once, after the rounds): the same workloads on a second
    Runtime whose three stores are reached through counting proxies (``bench/rtt.py``), so
    the figure is what crossed the network, not what the code claims.
@@ -45,7 +47,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rtt import RoundTripCounter  # sibling bench script
-from stores import embedded_runtime  # sibling bench script
+from stores import embedded_runtime, stores_cpu  # sibling bench script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -105,6 +107,34 @@ async def inbox_run(rt: Runtime, prefix: str, chats: int, per_chat: int,
     stop.set()
     await consumer
     return total / elapsed
+
+
+class Cpu:
+    """CPU per item of a block: this process's (time.process_time) and the embedded
+    stores' (/proc), which other load on the machine moves less than a rate."""
+
+    def __init__(self, items: int) -> None:
+        self.items = items
+        self.parts: dict[str, float] = {}
+
+    def __enter__(self) -> Cpu:
+        self._process, self._stores = time.process_time(), stores_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stores = stores_cpu()
+        self.parts = {"process": time.process_time() - self._process,
+                      **{kind: used - self._stores.get(kind, 0.0)
+                         for kind, used in stores.items()}}
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values()) / self.items
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{kind} {used / self.items * 1e6:,.0f}"
+                          for kind, used in self.parts.items())
+        return f"{self.total * 1e6:,.0f} µs ({parts})"
 
 
 def uptime() -> str:
@@ -314,16 +344,20 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                   f" bare insert+feed {bare:,.0f} tx/s, ratio {service / bare:.2f}")
             per_chat = args.messages // args.chats
             stored = await inbox_run(rt, f"s{round_no}-", args.chats, per_chat, False)
-            with profiler.run(per_chat * args.chats):
+            with profiler.run(per_chat * args.chats), Cpu(per_chat * args.chats) as answered:
                 whole = await inbox_run(rt, f"w{round_no}-", args.chats, per_chat, True)
             # The baseline again right after, so that load from outside moving between the
             # runs shows: the inbox figures are set against the mean of the two.
-            after = await bare_round(rt, args.messages, args.chats, f"{round_no}b")
+            with Cpu(args.messages) as floor:
+                after = await bare_round(rt, args.messages, args.chats, f"{round_no}b")
             base = (bare + after) / 2
             print(f"round {round_no} inbox: arrival to stored {stored:,.0f} msg/s (ratio "
                   f"{stored / base:.2f}), arrival to answered {whole:,.0f} msg/s (ratio "
                   f"{whole / base:.2f}) vs bare insert+feed {bare:,.0f} before and "
                   f"{after:,.0f} tx/s after ({uptime()})")
+            print(f"round {round_no} CPU per message, arrival to answered: {answered}; "
+                  f"per bare insert+feed (the run after): {floor}; ratio by all CPU "
+                  f"{floor.total / answered.total:.2f}")
         profiler.write()
         await round_trips_per_message(rt.settings)
 

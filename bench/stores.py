@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -48,3 +49,31 @@ def run_in_tempdir(main: Callable[[Any, Path], Awaitable[None]], args: Any) -> N
     """``asyncio.run(main(args, root))`` with ``root`` a temporary directory for the stores."""
     with tempfile.TemporaryDirectory(prefix="gwb-") as root:
         asyncio.run(main(args, Path(root)))
+
+
+def stores_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's descendants by kind ("postgresql", "redis"), from
+    /proc (Linux; empty elsewhere): the embedded servers are children of the bench and
+    PostgreSQL's backends their children, so a figure per message can include the stores."""
+    parents: dict[int, int] = {}
+    seconds: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = entry.read_text()
+        except OSError:
+            continue  # exited meanwhile
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+        pid = int(entry.parent.name)
+        parents[pid] = int(fields[1])
+        seconds[pid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    kinds: dict[str, float] = {}
+    for pid, (name, cpu) in seconds.items():
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != os.getpid():
+            ancestor = parents.get(ancestor)
+        if ancestor:
+            kind = ("postgresql" if name.startswith("postgres") else
+                    "redis" if "redis" in name or "valkey" in name else name)
+            kinds[kind] = kinds.get(kind, 0.0) + cpu
+    return kinds
