@@ -163,7 +163,10 @@ class ConversationService:
             writes.append(self._write_pointer(incoming, received.conversation_id))
         if received.row is not None:  # committed: the statement was its own transaction
             writes.append(self._publish(received.row))
-        await asyncio.gather(*writes)
+        if len(writes) == 1:  # the usual case: awaited as is, without gather's task
+            await writes[0]
+        elif writes:
+            await asyncio.gather(*writes)
         return received
 
     async def _publish(self, row: FeedRow) -> None:
