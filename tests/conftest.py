@@ -37,7 +37,7 @@ from gateway.config import Secret, Settings, parse_webhook_secrets
 from gateway.stores import embedded
 from gateway.stores.migrate import migrate_url
 from gateway.stores.runtime import Runtime, open_runtime
-from tests import topology
+from tests import scheduling, topology
 
 pytest_plugins = ["tests.fakes.pytest_plugin"]
 
@@ -94,13 +94,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests that share servers for the parallel workers; on a cluster run, skip tests
+    """Group tests that share servers for the parallel workers and hand out the longest
+    first (tests/scheduling.py); on a cluster run, skip tests
     that need a single instance (marked, or starting their own through ``redis_factory``):
     the single-instance run covers them."""
+    groups: dict[str, str] = {}
     for item in items:
         group = _shared_servers(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+    scheduling.longest_first(items, groups)
     if topology.topology() != "cluster":
         return
     for item in items:
@@ -160,7 +164,7 @@ def servers(tmp_root: Path) -> Iterator[ServerSet]:
         yield ServerSet(durable_url, cache_url, database_url, durable, cache, postgres,
                           tmp_root)
     finally:
-        embedded.stop_all(started)
+        topology.discard(started)
 
 
 def make_settings(servers: ServerSet, **changes: Any) -> Settings:
