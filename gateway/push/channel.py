@@ -188,7 +188,7 @@ class SignalListener:
         while not stop.is_set():
             self._pubsub = self._cache.pubsub()
             try:
-                await self._session(stop)
+                await self._session_until(stop)
                 backoff = 0.05
             except Exception as exc:
                 log.warning("push signals unavailable (%s: %s); polling the feed",
@@ -201,6 +201,22 @@ class SignalListener:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, backoff_cap)
+
+    async def _session_until(self, stop: asyncio.Event) -> None:
+        """The session, ended by ``stop`` at once: its read waits up to a second for a
+        message, which held every process's shutdown (and every test app's close) that long."""
+        session = asyncio.ensure_future(self._session(stop))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not session.done():
+                session.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await session
+        if not session.cancelled():
+            session.result()  # its error, for run() to report and reconnect
 
     async def _session(self, stop: asyncio.Event) -> None:
         # A cluster client learns its slot map lazily; its pub/sub needs it to pick a node.
