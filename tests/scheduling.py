@@ -1,10 +1,11 @@
 """The order the parallel workers are handed the tests in (``--dist loadgroup`` hands out
-work in collection order, pyproject turns off xdist's own reordering): the longest first,
-so that none of them is the last work handed out while the other workers sit idle.
+work in collection order, pyproject turns off xdist's own reordering): the long tests early,
+so that none of them is the last work handed out while the other workers sit idle (xdist's
+own order put tests/replicas, tests/security and the README test near the end).
 
 The modules below hold tests of 20 s and more each (``--durations`` of the default run on a
-loaded 2-core machine, at 1e12dce), longest first; then the groups of tests that share
-servers, the largest first (xdist's own order); then everything else as collected.
+loaded 2-core machine, at 1e12dce), longest first. The others keep xdist's order: groups of
+tests that share servers first, the largest first, then everything else as collected.
 """
 
 from __future__ import annotations
@@ -36,12 +37,24 @@ _RANK = {module: rank for rank, module in enumerate(LONG_MODULES)}
 
 
 def longest_first(items: list[pytest.Item], groups: dict[str, str]) -> None:
-    """Sort ``items`` in place; ``groups``: node id -> its xdist group, for grouped tests."""
+    """Reorder ``items`` in place; ``groups``: node id -> its xdist group, for grouped tests.
+
+    The long modules go out one by one over the first half of the run, each followed by a
+    share of the others: none is left for the end, and they do not all run at once (each
+    starts processes and servers of its own, which on two cores would push them together
+    past their deadlines)."""
     sizes = Counter(groups.values())
-
-    def key(item: pytest.Item) -> tuple[int, int]:
+    long: dict[str, list[pytest.Item]] = {}
+    rest: list[pytest.Item] = []
+    for item in items:
         module = item.nodeid.split("::", 1)[0]
-        group = groups.get(item.nodeid)
-        return _RANK.get(module, len(_RANK)), -(sizes[group] if group else 1)
-
-    items.sort(key=key)  # stable: a module's tests stay in their order
+        (long.setdefault(module, []) if module in _RANK else rest).append(item)
+    # Stable: a module's tests stay together and in their order.
+    rest.sort(key=lambda item: -sizes.get(groups.get(item.nodeid, ""), 1))
+    units = [long[module] for module in LONG_MODULES if module in long]
+    step = max(1, len(rest) // 2 // max(1, len(units)))
+    ordered: list[pytest.Item] = []
+    for index, unit in enumerate(units):
+        ordered += unit + rest[index * step:(index + 1) * step]
+    ordered += rest[len(units) * step:]
+    items[:] = ordered
