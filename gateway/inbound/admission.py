@@ -43,6 +43,7 @@ class Admission:
         # The smallest maxmemory of the instance's primaries, from the last read (None:
         # unbounded, or not read yet); the classes' limits and scaled quotas follow it.
         self.maxmemory: int | None = None
+        self._classes: dict[tuple[str, int | None], AdmissionClass] = {}
 
     @property
     def ratio(self) -> float | None:
@@ -73,7 +74,11 @@ class Admission:
                            f"redis-durable is {ratio:.0%} full: {cls} are refused above "
                            f"{threshold:.0%} until the queues drain",
                            {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        return AdmissionClass(cls, int(threshold * self.maxmemory) if self.maxmemory else 0)
+        made = self._classes.get((cls, self.maxmemory))
+        if made is None:  # once per class and maxmemory, not per request
+            made = self._classes[cls, self.maxmemory] = AdmissionClass(
+                cls, int(threshold * self.maxmemory) if self.maxmemory else 0)
+        return made
 
     async def state(self) -> dict[str, Any]:
         """For the dashboard: how full, and which classes are refused now."""

@@ -221,6 +221,11 @@ class BruteBarrier:
         ``gateway dev``."""
         return ip == NOBODY or (self.config.exempt_loopback and is_loopback(ip))
 
+    def known_clear(self, ip: str) -> bool:
+        """``check`` would pass ``ip`` without reading Redis (exempt, or found unblocked
+        less than ``cache_seconds`` ago): the caller may skip awaiting it."""
+        return self._exempt(ip) or self._clear_until.get(ip, 0.0) > time.monotonic()
+
     async def check(self, ip: str) -> None:
         """Raise 429 while ``ip`` is blocked."""
         if self._exempt(ip):

@@ -96,8 +96,9 @@ class AutoPipeline:
         writes), so a 202 could be answered for a write not yet on disk."""
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
         if self.cluster:  # the cluster pipeline needs the command, not its packed bytes
-            return await self._script_reply(script, self.batch, [call])
-        return await self._script_reply(script, self._packed_future, pack_command(call))
+            (reply,) = await self.batch([call])
+            return await self._script_error(script, self.batch, [call], reply)
+        return await self.run_packed(script, pack_command(call))
 
     async def run_packed(self, script: Any, packed: bytes) -> Any:
         """``run_script`` for one ``EVALSHA`` of ``script`` the caller packed as RESP itself
@@ -105,7 +106,10 @@ class AutoPipeline:
         Not on a cluster, whose pipeline routes commands, not bytes."""
         if self.cluster:
             raise TypeError("a cluster's flush takes commands, not packed bytes")
-        return await self._script_reply(script, self._packed_future, packed)
+        (reply,) = await self._packed_future(packed)
+        if isinstance(reply, Exception):
+            return await self._script_error(script, self._packed_future, packed, reply)
+        return reply
 
     def _packed_future(self, packed: bytes) -> asyncio.Future[list[Any]]:
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
@@ -113,9 +117,10 @@ class AutoPipeline:
         self._start_flusher()
         return future
 
-    async def _script_reply(self, script: Any, send: Callable[[Any], Awaitable[list[Any]]],
-                            call: Any) -> Any:
-        (reply,) = await send(call)
+    async def _script_error(self, script: Any, send: Callable[[Any], Awaitable[list[Any]]],
+                            call: Any, reply: Exception) -> Any:
+        """A script call answered an error: after ``NOSCRIPT`` the script is loaded and
+        called again (its answer returned), any other error (or the second's) raised."""
         if isinstance(reply, NoScriptError):
             await self._load(script)
             (reply,) = await send(call)
