@@ -191,8 +191,10 @@ local function held_release(held, item)
 end
 
 local function held_take(held, class, item, cost, limit)
-  local total = tonumber(redis.call('HGET', held, HELD_ALL) or '0')
-  if limit > 0 and total + cost > limit then return false end
+  -- The total is read only for a limit: ADD checks its class's limit itself and passes 0.
+  if limit > 0 and tonumber(redis.call('HGET', held, HELD_ALL) or '0') + cost > limit then
+    return false
+  end
   held_release(held, item)  -- an entry left by an earlier run of the id is not counted twice
   redis.call('HSET', held, item, class .. '|' .. cost)
   redis.call('HINCRBY', held, 'bytes ' .. class, cost)
