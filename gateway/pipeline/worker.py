@@ -51,6 +51,7 @@ from gateway.pipeline.stages import (
 from gateway.push.feed import check_row
 from gateway.push.protocol import check_topic
 from gateway.push.sequencer import Sequencer
+from gateway.stores.postgres import GatewayConnection
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -351,6 +352,8 @@ class StageWorker:
                            prepared_seconds: float = 0.0) -> tuple[set[str], list[Any]]:
         callbacks: list[Any] = []
         async with self.runtime.pg.acquire() as conn, conn.transaction():
+            if isinstance(conn, GatewayConnection):  # nothing runs after the COMMIT
+                conn.reset_at_commit()
             fresh = await self._journal(conn, batch)
             if self.stage == STAGES[0] and len(fresh) < len(batch):
                 fresh |= await self._new_runs(conn, [(lease, ctx) for lease, ctx in batch

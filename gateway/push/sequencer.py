@@ -35,6 +35,7 @@ import asyncpg
 from gateway.push import feed, metrics
 from gateway.push.channel import publish_bodies
 from gateway.push.protocol import FeedRow
+from gateway.stores.postgres import GatewayConnection
 from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
@@ -95,6 +96,8 @@ class Sequencer:
                     statements.append(numbered)
                     if len(numbered) < PASS_ROWS:
                         break
+                if isinstance(conn, GatewayConnection):  # numbering leaves no session state
+                    conn.leave_clean()
             await publish_bodies(self.cache, signalled(topic, statements))
             state.covered = max(state.covered, target)
             return statements

@@ -4,7 +4,7 @@ pgvector's ``vector`` to numpy arrays where the extension is installed."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 from pgvector import Vector
@@ -34,9 +34,11 @@ CONNECT_SECONDS = 5.0
 class GatewayConnection(asyncpg.Connection):
     """A pooled connection that can run its borrower's last statement and the pool's reset
     (``get_reset_query``: advisory locks, cursors, LISTEN, session settings) in one round
-    trip: ``execute_last``. Nothing else differs."""
+    trip: ``execute_last``, or with its COMMIT: ``reset_at_commit``, or skip it for a
+    borrower that leaves no session state: ``leave_clean``. Nothing else differs."""
 
     _reset_at: int | None = None  # queries_count right after execute_last's reset
+    _commit_resets = False  # reset_at_commit was called and its COMMIT has not run yet
 
     async def execute_last(self, statement: str) -> None:
         """Run ``statement`` (a simple query: no arguments), then reset the session in the
@@ -48,6 +50,33 @@ class GatewayConnection(asyncpg.Connection):
             return
         await self.execute(f"{statement};\n{self.get_reset_query()}")
         self._reset_at = _queries(self)
+
+    def reset_at_commit(self) -> None:
+        """The open top-level transaction's COMMIT resets the session first, in the same
+        round trip, and the release then skips its own reset: for a borrower that runs
+        nothing after its transaction. The reset goes before the COMMIT, inside the
+        transaction, so an error in it rolls the transaction back (the COMMIT raises only
+        when nothing was committed, as alone). A transaction that rolls back instead leaves
+        the release to reset as usual."""
+        self._commit_resets = True
+
+    def leave_clean(self) -> None:
+        """The borrower ran only statements that leave nothing in the session (no setting,
+        lock, cursor or LISTEN outlives them) on a connection fresh from the pool: the
+        release skips its reset, unless a query runs after this."""
+        if not self.is_in_transaction():
+            self._reset_at = _queries(self)
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        # asyncpg's Transaction commits with exactly this statement (a savepoint's release
+        # is another).
+        if self._commit_resets and query == "COMMIT;" and not args:
+            self._commit_resets = False
+            status: str = await super().execute(f"{self.get_reset_query()}\n{query}",
+                                                timeout=timeout)
+            self._reset_at = _queries(self)
+            return status
+        return cast(str, await super().execute(query, *args, timeout=timeout))
 
     def take_reset(self) -> bool:
         """The session was reset by ``execute_last`` and nothing ran since (for the pool's
@@ -66,8 +95,10 @@ def _queries(conn: asyncpg.Connection) -> int | None:
 async def _reset(conn: asyncpg.Connection) -> None:
     """The pool's reset on release (after asyncpg's own rollback of an open transaction):
     asyncpg's reset query, unless ``execute_last`` ran it with the borrower's last statement."""
-    if isinstance(conn, GatewayConnection) and conn.take_reset():
-        return
+    if isinstance(conn, GatewayConnection):
+        conn._commit_resets = False  # a rolled back transaction's mark ends with its borrow
+        if conn.take_reset():
+            return
     await conn.execute(conn.get_reset_query())
 
 
