@@ -56,6 +56,10 @@ class LeaseResult(enum.IntEnum):
     NOT_OWNER = -2  # another worker's token holds it: this worker is a zombie
 
 
+# A script's integer answer -> LeaseResult, without the enum's call per item.
+_RESULTS: dict[Any, LeaseResult] = {int(r): r for r in LeaseResult}
+
+
 @dataclass(frozen=True)
 class LeasedItem:
     item_id: str
@@ -362,7 +366,7 @@ async def complete_many(durable: AnyRedis, leases: list[LeasedItem]) -> list[Lea
     results: list[LeaseResult] = [LeaseResult.OK] * len(leases)
     for batch, reply in zip(batches.values(), replies, strict=True):
         for i, code in zip(batch, reply if isinstance(reply, list) else [reply], strict=True):
-            results[i] = LeaseResult(int(code))
+            results[i] = _RESULTS.get(code) or LeaseResult(int(code))
     return results
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -56,8 +57,11 @@ from gateway.stores.postgres import GatewayConnection
 log = logging.getLogger("gateway.pipeline")
 
 
+@functools.lru_cache(maxsize=8192)
 def feed_topics(item_id: str) -> tuple[str, ...]:
-    """Where an item's stage completions go: the operators' topic and its owner's."""
+    """Where an item's stage completions go: the operators' topic and its owner's. (Asked
+    twice per item and stage, for the same items stage after stage: kept for the recent
+    ones.)"""
     return FEED_TOPIC, progress_topic(keys.document_owner(item_id))
 
 
@@ -187,6 +191,7 @@ class StageWorker:
         self.name = name or worker_id()
         self.sequencer = sequencer or Sequencer(runtime.pg, runtime.cache)
         self.sizer = BatchSizer(config.batch, config.batch_seconds)
+        self._handler_seconds = metrics.HANDLER_SECONDS.labels(stage)
         self.feeds: StageWorker | None = None
         self.fed = False  # a worker of this process completes items into this stage
         self._arrived: list[asyncio.Event] = []  # one per loop: ``wake`` sets them
@@ -281,8 +286,9 @@ class StageWorker:
             await self._complete(done)
         except Exception as exc:
             redis_errors.append(exc)
-        outage = [lease for lease in leases if _is_outage(errors.get(lease.item_id))]
-        for lease in leases:
+        outage = [lease for lease in leases if _is_outage(errors.get(lease.item_id))
+                  ] if errors else []
+        for lease in leases if errors else ():
             if lease.item_id in errors and lease not in outage:
                 try:
                     await self._fail(lease, errors[lease.item_id])
@@ -401,7 +407,7 @@ class StageWorker:
                 raise HandlerFailed(exc) from exc
             elapsed = (time.perf_counter() - started) / len(group) + prepared_seconds
             for _ in group:
-                metrics.HANDLER_SECONDS.labels(self.stage).observe(elapsed)
+                self._handler_seconds.observe(elapsed)
 
     async def _sequence(self, topics: set[str]) -> None:
         """Number and signal the committed feed rows of ``topics`` (with whatever other
