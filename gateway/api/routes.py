@@ -75,11 +75,11 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
             if request.body_exists and not request.content.is_eof():
                 await _read_in_time(request, body_seconds)
             if deadlines is None:
-                response = await checked(request)
+                response = await run(request)
             else:
                 entry = deadlines.enter()
                 try:
-                    response = await checked(request)
+                    response = await run(request)
                 except asyncio.CancelledError:
                     if not deadlines.leave(entry, cancelled=True):
                         raise
@@ -107,6 +107,9 @@ def guarded(handler: Handler, route: str, max_bytes: int, scope: str = PUBLIC,
                                                     checks_revocation)
         return await handler(request)
 
+    # A public route needs no credential check: its handler runs without that coroutine
+    # layer (~0.5 µs a request, on the signed webhooks).
+    run = handler if scope == PUBLIC else checked
     guarded_handler.__name__ = getattr(handler, "__name__", "handler")
     guarded_handler.__doc__ = handler.__doc__
     return guarded_handler

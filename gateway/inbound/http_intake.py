@@ -95,7 +95,8 @@ async def read_body(request: web.Request) -> bytes:
     """The body, refused with 413 as soon as it passes the limit: a chunked body carries no
     Content-Length for the route guard to check, so the count happens while reading."""
     limit = request.app[INBOUND].settings.max_body_bytes
-    if request.content_length is not None and request.content_length <= limit:
+    length = request.content_length  # parsed from the header on each read
+    if length is not None and length <= limit:
         # Declared and within the limit (aiohttp enforces it). A small body usually arrived
         # with the headers and is complete already: take it without a read loop.
         if request.content.is_eof():
