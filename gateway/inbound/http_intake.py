@@ -91,17 +91,26 @@ def require_json(request: web.Request) -> None:
                        f"Content-Type must be application/json (got {mime or 'none'})")
 
 
+def body_at_hand(request: web.Request, limit: int) -> bytes | None:
+    """The body when it is declared within ``limit`` (aiohttp enforces it) and complete
+    already, as a small body that arrived with the headers is: taken without a read loop or
+    a coroutine. None when ``read_body`` must read it."""
+    length = request.content_length  # parsed from the header on each read
+    if length is not None and length <= limit and request.content.is_eof():
+        # Empty when the route guard has read a slow body already (request.read caches).
+        return request.content.read_nowait() or None
+    return None
+
+
 async def read_body(request: web.Request) -> bytes:
     """The body, refused with 413 as soon as it passes the limit: a chunked body carries no
     Content-Length for the route guard to check, so the count happens while reading."""
     limit = request.app[INBOUND].settings.max_body_bytes
-    length = request.content_length  # parsed from the header on each read
+    body = body_at_hand(request, limit)
+    if body is not None:
+        return body
+    length = request.content_length
     if length is not None and length <= limit:
-        # Declared and within the limit (aiohttp enforces it). A small body usually arrived
-        # with the headers and is complete already: take it without a read loop.
-        if request.content.is_eof():
-            # Empty when the route guard has read a slow body already (request.read caches).
-            return request.content.read_nowait() or await request.read()
         return await request.read()
     chunks: list[bytes] = []
     size = 0

@@ -41,6 +41,7 @@ from gateway.inbound.http_intake import (
     MAINTENANCE,
     Inbound,
     admitted_or_known,
+    body_at_hand,
     install,
     intake_answer,
     read_body,
@@ -76,7 +77,9 @@ async def _verify(request: web.Request, inbound: Inbound) -> Verified:
     if not inbound.barrier.known_clear(ip):
         await inbound.barrier.check(ip)
     require_json(request)
-    body = await read_body(request)
+    body = body_at_hand(request, inbound.settings.max_body_bytes)
+    if body is None:
+        body = await read_body(request)
     try:
         delivery_id = signing.verify(source, request.headers, body)
         text, value = parse_json_text(body)

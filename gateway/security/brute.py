@@ -198,8 +198,9 @@ class BruteBarrier:
 
     def client_ip(self, request: web.Request) -> str:
         ip = client_ip(request, self.config.trusted_proxies, self.config.never_block)
-        if (len(self._warned_forwarders) < self.MAX_WARNED and ip not in self._warned_forwarders
-                and "X-Forwarded-For" in request.headers):
+        if ("X-Forwarded-For" in request.headers  # rare: the one check most requests make
+                and len(self._warned_forwarders) < self.MAX_WARNED
+                and ip not in self._warned_forwarders):
             self._warn_untrusted_forwarder(request, ip)
         return ip
 
