@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "own hub, under one supervisor (default 1)")
     p.add_argument("--reuse-port", action="store_true",
                    help="bind with SO_REUSEPORT, so other processes may listen on the port too")
+    # The supervisor's end of a pipe: one byte once this process listens (internal).
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     p = sub.add_parser("worker", help="pipeline workers")
     p.add_argument("--stages", type=_stages, default=list(STAGES),

@@ -115,4 +115,16 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         from gateway.app import supervisor
         return supervisor.run(settings.host, settings.port, args.processes,
                               telegram_polling=settings.telegram_polling)
-    return loop.run(run(settings, services=[reclaim_service()], reuse_port=args.reuse_port))
+    on_ready = _tell_supervisor(args.ready_fd) if args.ready_fd is not None else None
+    return loop.run(run(settings, services=[reclaim_service()], on_ready=on_ready,
+                        reuse_port=args.reuse_port))
+
+
+def _tell_supervisor(fd: int) -> Callable[[str], None]:
+    """One byte on the supervisor's pipe once the process listens: from then on an exit is
+    a failure to replace, not a failure to start."""
+    def ready(url: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"1")
+            os.close(fd)
+    return ready

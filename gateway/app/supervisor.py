@@ -8,9 +8,11 @@ of which decides an outcome alone (docs/architecture.md, "Scale-out"), so N of t
 host are as safe as N replicas. On SIGTERM or SIGINT the supervisor passes SIGTERM to every
 child, which stops as a single serve does (``/readyz`` 503, socket closed, streams told
 ``shutdown``, requests finished), and waits for all of them. A child that exits with an
-error status within ``EARLY_EXIT_SECONDS`` of its start failed to start (a refused topology,
-a bad configuration): the others are stopped and its status is the supervisor's. Any other
-end of a child (killed, or failing later) is replaced after ``RESTART_DELAY_SECONDS``. A
+error status before it listens failed to start (a refused topology, a bad configuration):
+the others are stopped and its status is the supervisor's. Each child tells that it listens
+by one byte on a pipe of its own (``--ready-fd``), so a slow start on a busy machine is
+still a start, however long it takes. Any other end of a child (killed, or failing after it
+listened) is replaced after ``RESTART_DELAY_SECONDS``. A
 child gets SIGTERM when the supervisor dies, however it dies (Linux), so none outlives it.
 """
 
@@ -20,6 +22,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -30,7 +33,6 @@ from types import FrameType
 
 log = logging.getLogger("gateway.serve")
 
-EARLY_EXIT_SECONDS = 10.0
 RESTART_DELAY_SECONDS = 1.0
 # A child's own stop takes at most its request grace plus its services' (serve.py); past
 # this the supervisor kills what is left.
@@ -65,7 +67,7 @@ class Supervisor:
         self.telegram_polling = telegram_polling
         self.stop = threading.Event()
         self.children: list[subprocess.Popen[bytes]] = []
-        self.started: list[float] = []
+        self.ready: list[_ReadyPipe] = []
 
     def argv(self, index: int) -> list[str]:
         argv = [sys.executable, "-m", "gateway.cli", "serve", "--reuse-port",
@@ -74,10 +76,18 @@ class Supervisor:
             argv.append("--telegram-polling")  # Telegram allows one poller per bot
         return argv
 
-    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(self.argv(index), preexec_fn=_die_with_parent)
+    def _spawn(self, index: int) -> tuple[subprocess.Popen[bytes], _ReadyPipe]:
+        read_end, write_end = os.pipe()
+        try:
+            child = subprocess.Popen([*self.argv(index), "--ready-fd", str(write_end)],
+                                     pass_fds=(write_end,), preexec_fn=_die_with_parent)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
         log.info("serve process %d started (pid %d)", index, child.pid)
-        return child
+        return child, _ReadyPipe(read_end)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop.set()
@@ -85,8 +95,10 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        self.children = [self._spawn(i) for i in range(self.processes)]
-        self.started = [time.monotonic()] * self.processes
+        for index in range(self.processes):
+            child, ready = self._spawn(index)
+            self.children.append(child)
+            self.ready.append(ready)
         log.info("supervising %d serve processes on http://%s:%d", self.processes,
                  self.host, self.port)
         failed = 0
@@ -103,7 +115,7 @@ class Supervisor:
             code = child.poll()
             if code is None or self.stop.is_set():
                 continue
-            if code > 0 and time.monotonic() - self.started[index] < EARLY_EXIT_SECONDS:
+            if code > 0 and not self.ready[index].told():
                 log.error("serve process %d (pid %d) ended during start-up (status %s); "
                           "stopping the others", index, child.pid, code)
                 return code or 1
@@ -111,8 +123,8 @@ class Supervisor:
                         index, child.pid, code)
             if self.stop.wait(RESTART_DELAY_SECONDS):
                 return 0
-            self.children[index] = self._spawn(index)
-            self.started[index] = time.monotonic()
+            self.ready[index].close()
+            self.children[index], self.ready[index] = self._spawn(index)
         return 0
 
     def _stop_all(self) -> int:
@@ -133,8 +145,33 @@ class Supervisor:
             # A child stopped by our SIGTERM before its handler was installed ends -SIGTERM.
             if code not in (0, -signal.SIGTERM):
                 worst = max(worst, 1)
+        for ready in self.ready:
+            ready.close()
         log.info("all %d serve processes stopped", len(self.children))
         return worst
+
+
+class _ReadyPipe:
+    """The supervisor's end of a child's readiness pipe: the child writes one byte once it
+    listens (``gateway serve --ready-fd``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+        self.listened = False
+        os.set_blocking(fd, False)
+
+    def told(self) -> bool:
+        """The child said it listens (read without waiting: its byte, if sent, is in the
+        pipe even after the child ended)."""
+        if not self.listened and self.fd is not None:
+            with contextlib.suppress(BlockingIOError):
+                self.listened = os.read(self.fd, 1) == b"1"
+        return self.listened
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def run(host: str, port: int, processes: int, *, telegram_polling: bool = False) -> int:
