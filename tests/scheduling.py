@@ -5,8 +5,7 @@ own order put tests/replicas, tests/security and the README test near the end).
 
 The modules below hold tests of 20 s and more each (``--durations`` of the default run on a
 loaded 2-core machine, at 1e12dce), longest first. tests/app/test_serve_processes.py is
-long only when loaded and stays where it was: its supervisor counts a child that refuses
-to start within 10 s of its start, which a loaded machine already exceeds. The others
+long only when loaded and stays where it was. The others
 keep xdist's order: groups of tests that share servers first, the largest first, then
 everything else as collected.
 """
