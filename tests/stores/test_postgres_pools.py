@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -91,83 +91,85 @@ async def test_an_exhausted_read_pool_refuses_reads_and_unknown_keys_in_time(
     assert status == 401
 
 
-async def test_a_last_statement_takes_the_pools_reset_along_and_only_when_last(
-        servers: ServerSet) -> None:
-    """``execute_last`` runs its statement and the session reset in one round trip and the
-    release then skips its own; any query after it, or an open transaction, and the release
-    resets as usual: settings, advisory locks never outlive a borrow either way."""
+@pytest.fixture
+async def one_connection_pools(servers: ServerSet) -> AsyncIterator[tuple[Any, Any]]:
+    """Two pools of one connection each (the second watches the first's session locks) and
+    no probe table left behind."""
     pool = await postgres.create_pool(servers.database_url, max_size=1)
     other = await postgres.create_pool(servers.database_url, max_size=1)
-    lock = "SELECT pg_try_advisory_lock(4242)"
     try:
-        await pool.execute("CREATE TABLE IF NOT EXISTS reset_probe (n int)")
-        async with pool.acquire() as conn:
-            await conn.execute("SET application_name = 'borrowed'")
-            assert await conn.fetchval(lock)
-            await conn.execute_last("INSERT INTO reset_probe VALUES (1)")
-            assert conn.take_reset() and not conn.take_reset()  # the mark is taken once
-            await conn.execute_last("INSERT INTO reset_probe VALUES (2)")
-        assert await other.fetchval(lock)  # the session's lock went with the reset
-        await other.execute("SELECT pg_advisory_unlock_all()")
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SHOW application_name") != "borrowed"
-            await conn.execute_last("INSERT INTO reset_probe VALUES (3)")
-            assert await conn.fetchval(lock)  # after the reset: the release resets again
-        assert await other.fetchval(lock)
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute_last("INSERT INTO reset_probe VALUES (4)")  # commits with it
-            assert not conn.take_reset()
-        assert sorted(await pool.fetchval("SELECT array_agg(n) FROM reset_probe")) == [
-            1, 2, 3, 4]
+        yield pool, other
     finally:
-        await pool.execute("DROP TABLE IF EXISTS reset_probe")
+        await pool.execute("DROP TABLE IF EXISTS reset_probe, commit_probe")
         await pool.close()
         await other.close()
 
 
+async def test_a_last_statement_takes_the_pools_reset_along_and_only_when_last(
+        one_connection_pools: tuple[Any, Any]) -> None:
+    """``execute_last`` runs its statement and the session reset in one round trip and the
+    release then skips its own; any query after it, or an open transaction, and the release
+    resets as usual: settings, advisory locks never outlive a borrow either way."""
+    pool, other = one_connection_pools
+    lock = "SELECT pg_try_advisory_lock(4242)"
+    await pool.execute("CREATE TABLE IF NOT EXISTS reset_probe (n int)")
+    async with pool.acquire() as conn:
+        await conn.execute("SET application_name = 'borrowed'")
+        assert await conn.fetchval(lock)
+        await conn.execute_last("INSERT INTO reset_probe VALUES (1)")
+        assert conn.take_reset() and not conn.take_reset()  # the mark is taken once
+        await conn.execute_last("INSERT INTO reset_probe VALUES (2)")
+    assert await other.fetchval(lock)  # the session's lock went with the reset
+    await other.execute("SELECT pg_advisory_unlock_all()")
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SHOW application_name") != "borrowed"
+        await conn.execute_last("INSERT INTO reset_probe VALUES (3)")
+        assert await conn.fetchval(lock)  # after the reset: the release resets again
+    assert await other.fetchval(lock)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute_last("INSERT INTO reset_probe VALUES (4)")  # commits with it
+        assert not conn.take_reset()
+    assert sorted(await pool.fetchval("SELECT array_agg(n) FROM reset_probe")) == [
+        1, 2, 3, 4]
+
+
 async def test_a_commit_takes_the_pools_reset_along_and_a_clean_borrow_skips_it(
-        servers: ServerSet) -> None:
+        one_connection_pools: tuple[Any, Any]) -> None:
     """``reset_at_commit``: the transaction's COMMIT carries the session reset (the release
     skips its own) and what the transaction wrote is committed; a transaction that rolls
     back leaves its mark to nobody (the next borrower's COMMIT is a plain one). ``leave_clean``:
     the release skips the reset unless a query runs after it."""
-    pool = await postgres.create_pool(servers.database_url, max_size=1)
-    other = await postgres.create_pool(servers.database_url, max_size=1)
+    pool, other = one_connection_pools
     lock = "SELECT pg_try_advisory_lock(4343)"
-    try:
-        await pool.execute("CREATE TABLE IF NOT EXISTS commit_probe (n int)")
-        async with pool.acquire() as conn:
+    await pool.execute("CREATE TABLE IF NOT EXISTS commit_probe (n int)")
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            conn.reset_at_commit()
+            await conn.execute("SET application_name = 'borrowed'")
+            assert await conn.fetchval(lock)
+            await conn.execute("INSERT INTO commit_probe VALUES (1)")
+        assert conn.take_reset()  # the COMMIT reset the session
+        assert not conn.is_in_transaction()
+    assert await other.fetchval(lock)  # the session's lock went with the COMMIT
+    await other.execute("SELECT pg_advisory_unlock_all()")
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SHOW application_name") != "borrowed"
+        with pytest.raises(RuntimeError):
             async with conn.transaction():
                 conn.reset_at_commit()
-                await conn.execute("SET application_name = 'borrowed'")
-                assert await conn.fetchval(lock)
-                await conn.execute("INSERT INTO commit_probe VALUES (1)")
-            assert conn.take_reset()  # the COMMIT reset the session
-            assert not conn.is_in_transaction()
-        assert await other.fetchval(lock)  # the session's lock went with the COMMIT
-        await other.execute("SELECT pg_advisory_unlock_all()")
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SHOW application_name") != "borrowed"
-            with pytest.raises(RuntimeError):
-                async with conn.transaction():
-                    conn.reset_at_commit()
-                    await conn.execute("INSERT INTO commit_probe VALUES (2)")
-                    raise RuntimeError("rolled back")
-        async with pool.acquire() as conn:
-            async with conn.transaction():  # a plain COMMIT: the session lock stays
-                assert await conn.fetchval(lock)
-                await conn.execute("INSERT INTO commit_probe VALUES (3)")
-            assert not await other.fetchval(lock)
-            conn.leave_clean()
-            assert await conn.fetchval("SELECT 1")  # a query after it: the release resets
-        assert await other.fetchval(lock)
-        await other.execute("SELECT pg_advisory_unlock_all()")
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SELECT 1")
-            conn.leave_clean()
-            assert conn.take_reset()
-        assert sorted(await pool.fetchval("SELECT array_agg(n) FROM commit_probe")) == [1, 3]
-    finally:
-        await pool.execute("DROP TABLE IF EXISTS commit_probe")
-        await pool.close()
-        await other.close()
+                await conn.execute("INSERT INTO commit_probe VALUES (2)")
+                raise RuntimeError("rolled back")
+    async with pool.acquire() as conn:
+        async with conn.transaction():  # a plain COMMIT: the session lock stays
+            assert await conn.fetchval(lock)
+            await conn.execute("INSERT INTO commit_probe VALUES (3)")
+        assert not await other.fetchval(lock)
+        conn.leave_clean()
+        assert await conn.fetchval("SELECT 1")  # a query after it: the release resets
+    assert await other.fetchval(lock)
+    await other.execute("SELECT pg_advisory_unlock_all()")
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT 1")
+        conn.leave_clean()
+        assert conn.take_reset()
+    assert sorted(await pool.fetchval("SELECT array_agg(n) FROM commit_probe")) == [1, 3]
