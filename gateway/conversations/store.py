@@ -152,17 +152,23 @@ def payload(incoming: Incoming, message: Message) -> dict[str, Any]:
 
 async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
                  seq: int, *, last: bool = False) -> None:
-    """The reply left our hands (delivered or dead-lettered). ``last``: the caller releases
-    the pooled connection next, so the pool's reset rides in this round trip
-    (``GatewayConnection.execute_last``; the ids are integers, written into the text)."""
-    if last and hasattr(conn, "execute_last"):
-        await conn.execute_last(
-            "UPDATE conversation_messages SET settled_at = now()"
-            f" WHERE conversation_id = {int(conversation_id)} AND seq = {int(seq)}")
+    """The reply left our hands (delivered or dead-lettered), committed without waiting for
+    its WAL flush (``synchronous_commit = off`` for this transaction only): a PostgreSQL
+    crash that loses the mark leaves the reply unsettled, and a retried head is then kept
+    from sending it again by the inbox fence's sent mark (docs/architecture.md, "What a
+    crash can still do"). One round trip, a simple query (the ids are integers, written
+    into the text). ``last``: the caller releases the pooled connection next, so the pool's
+    reset rides along after the COMMIT (``GatewayConnection.execute_last``)."""
+    update = ("UPDATE conversation_messages SET settled_at = now()"
+              f" WHERE conversation_id = {int(conversation_id)} AND seq = {int(seq)}")
+    if isinstance(conn, asyncpg.Connection) and conn.is_in_transaction():
+        await conn.execute(update)  # the caller's transaction decides how it commits
         return
-    await conn.execute(
-        "UPDATE conversation_messages SET settled_at = now()"
-        " WHERE conversation_id = $1 AND seq = $2", conversation_id, seq)
+    quick = f"BEGIN; SET LOCAL synchronous_commit = off; {update}; COMMIT"
+    if last and hasattr(conn, "execute_last"):
+        await conn.execute_last(quick)
+        return
+    await conn.execute(quick)
 
 
 async def settled(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,

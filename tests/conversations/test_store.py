@@ -159,3 +159,45 @@ async def test_the_returned_feed_rows_are_the_stored_ones(runtime: Runtime) -> N
         "platform": "slack", "chat": "C9", "thread": "17.5", "user_id": None,
         "user_name": None}
     assert await runtime.pg.fetchval("SELECT team FROM conversations") == "T9"
+
+
+_COMMIT_PROBE = """
+CREATE TABLE settle_probe (synchronous_commit text);
+CREATE FUNCTION settle_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO settle_probe VALUES (current_setting('synchronous_commit'));
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER settle_probe AFTER UPDATE ON conversation_messages
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION settle_probe();
+"""
+
+
+async def test_the_settle_alone_commits_without_waiting_for_its_flush(
+        runtime: Runtime) -> None:
+    """The settle's transaction commits with ``synchronous_commit = off`` (a deferred
+    trigger sees the setting at COMMIT, after the pool's reset when it rides along), and
+    only it: the session keeps its setting, no transaction is left open, and inside a
+    caller's transaction the caller's commit decides."""
+    async with runtime.pg.acquire() as conn:
+        await conn.execute(_COMMIT_PROBE)
+        try:
+            replies = []
+            for text in ("a", "b", "c"):
+                got = await store.receive(conn, msg(text), None, is_new=False)
+                replies.append(await store.reply(conn, msg(text), got.conversation_id,
+                                                 got.seq, "ok"))
+            cid = got.conversation_id
+            await store.settle(conn, cid, replies[0].seq)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            await store.settle(conn, cid, replies[1].seq, last=True)
+            assert conn.take_reset() and not conn.is_in_transaction()
+            async with conn.transaction():
+                await store.settle(conn, cid, replies[2].seq, last=True)
+            probed = await conn.fetch("SELECT synchronous_commit FROM settle_probe")
+            settled = await conn.fetchval(
+                "SELECT count(*) FROM conversation_messages WHERE settled_at IS NOT NULL")
+        finally:
+            await conn.execute("DROP TRIGGER settle_probe ON conversation_messages;"
+                               " DROP FUNCTION settle_probe(); DROP TABLE settle_probe")
+    assert [r[0] for r in probed] == ["off", "off", "on"] and settled == 3
