@@ -25,8 +25,7 @@ COMPONENTS: tuple[str, ...] = (
     "gateway.inbound.webhooks",
     "gateway.inbound.jobs",
     "gateway.inbound.mattermost.component",
-    "gateway.inbound.telegram",
-    "gateway.inbound.slack",
+    "gateway.inbound.platform_bots",  # Telegram, then Slack, each when configured
     "gateway.web.admin",
     "gateway.web.search",
     "gateway.push.web",
