@@ -5,35 +5,25 @@ verifying what comes in (``gateway.inbound.signing``) and signing what the gatew
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
-
-_BLOCK = 64  # SHA-256's block size: RFC 2104 pads the key to it
-_IPAD = bytes(x ^ 0x36 for x in range(256))
-_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 class Signer:
-    """HMAC-SHA256 under one key with the key's two padded blocks hashed once (RFC 2104):
-    each signature then copies the two states instead of setting up an HMAC from the key,
-    about half the cost of ``hmac.digest`` for a small body, on every verified webhook."""
+    """HMAC-SHA256 under one key, set up once: each signature copies the keyed state
+    (``hmac``'s own ``copy``) instead of setting up an HMAC from the key, on every verified
+    webhook. (Copying two bare SHA-256 states by hand was ~1.5 µs faster a call; not worth
+    a hand-written HMAC.)"""
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_keyed",)
 
     def __init__(self, key: bytes) -> None:
-        if len(key) > _BLOCK:
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(_BLOCK, b"\0")
-        self._inner = hashlib.sha256(key.translate(_IPAD))
-        self._outer = hashlib.sha256(key.translate(_OPAD))
+        self._keyed = hmac.new(key, digestmod="sha256")
 
     def digest(self, message: bytes) -> bytes:
         """``hmac.digest(key, message, "sha256")``."""
-        inner = self._inner.copy()
-        inner.update(message)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()
+        mac = self._keyed.copy()
+        mac.update(message)
+        return mac.digest()
 
     def standard(self, msg_id: str, timestamp: int, body: bytes) -> bytes:
         """``standard_signature`` under this signer's key, as bytes (what a verifier
