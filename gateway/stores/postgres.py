@@ -94,7 +94,9 @@ def _queries(conn: asyncpg.Connection) -> int | None:
 
 async def _reset(conn: asyncpg.Connection) -> None:
     """The pool's reset on release (after asyncpg's own rollback of an open transaction):
-    asyncpg's reset query, unless ``execute_last`` ran it with the borrower's last statement."""
+    asyncpg's reset query, unless it ran already with the borrower's last statement
+    (``execute_last``) or COMMIT (``reset_at_commit``), or the borrower left nothing to reset
+    (``leave_clean``)."""
     if isinstance(conn, GatewayConnection):
         conn._commit_resets = False  # a rolled back transaction's mark ends with its borrow
         if conn.take_reset():
