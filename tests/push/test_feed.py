@@ -185,3 +185,25 @@ async def test_retention_trims_a_backlog_in_bounded_steps(runtime: Runtime, monk
     assert recorded.events == ["begin", "DELETE 7", "begin", "DELETE 7", "begin", "DELETE 6"]
     page = await feed.read_page(runtime.pg, "pipeline", 0, 100)
     assert page.trimmed_through == 20 and [r.offset for r in page.rows] == list(range(21, 26))
+
+
+async def test_signals_built_by_postgresql_carry_what_signal_body_writes(
+        runtime: Runtime) -> None:
+    """The numbering statement writes each signal's JSON itself (``feed.number_pending``),
+    a twin of ``channel.signal_body`` over the row's wire form: the same values (created_at
+    as ``isoformat`` writes it), text that needs escapes, a row too large to ride along."""
+    from gateway.push.channel import INLINE_ROW_MAX_CHARS, signal_body
+
+    payloads = [{"text": 'café "quoted" \\ \n\u2603', "n": [1, 2.5, None, True]},
+                {"big": "x" * INLINE_ROW_MAX_CHARS}, {}]
+    async with runtime.pg.acquire() as conn, conn.transaction():
+        await feed.append_pending(conn, "pipeline", [("store", p) for p in payloads])
+    numbered = await feed.number_pending(runtime.pg, "pipeline", 10)
+    rows, signals = numbered.rows(), numbered.signals()
+    assert [row.payload for row in rows] == payloads
+    assert [topic for topic, _ in signals] == ["pipeline"] * 3
+    for row, (_, body) in zip(rows, signals, strict=True):
+        wire = json.dumps(row.to_json(), separators=(",", ":"))
+        assert json.loads(body) == json.loads(signal_body(row.topic, row.offset, row.kind,
+                                                          row.epoch, wire))
+    assert "row" in json.loads(signals[0][1]) and "row" not in json.loads(signals[1][1])
