@@ -92,18 +92,23 @@ async def test_pop_order_equals_seed_formula(runtime):
     assert popped == expected
 
 
-async def test_add_trims_expired_entries_of_its_bucket_and_keeps_it_small(runtime):
+async def test_add_trims_expired_entries_of_a_bucket_past_64_and_keeps_it_small(runtime):
+    """A bucket of up to 64 entries keeps its dead ones (bounded: 64 per bucket); past that
+    each ADD samples 8 entries and deletes the expired ones among them."""
     durable = runtime.durable
     bucket = seen_key("a")
     # Items that share a's bucket (the bucket is a pure function of the id).
-    mates = [f"m{i}" for i in range(20_000) if seen_key(f"m{i}") == bucket][:6]
-    assert len(mates) == 6
+    mates = [f"m{i}" for i in range(200_000) if seen_key(f"m{i}") == bucket][:66]
+    assert len(mates) == 66
     old = int((await durable.time())[0]) * 1000 - 7 * 24 * 3600 * 1000 - 5000
-    await durable.hset(bucket, mapping={m: old for m in mates[:4]})
-    for m in mates[4:]:
-        assert await queue.enqueue(durable, m, DOC) is True
-    assert await queue.enqueue(durable, "a", DOC) is True  # samples 8 >= the bucket's 7
-    assert sorted(await durable.hkeys(bucket)) == sorted(["a", *mates[4:]])
+    await durable.hset(bucket, mapping={m: old for m in mates[:64]})
+    assert await queue.enqueue(durable, mates[64], DOC) is True  # 64 entries: no sample
+    assert await durable.hlen(bucket) == 65
+    assert await queue.enqueue(durable, mates[65], DOC) is True  # 65: 8 of them, 7 or 8 dead
+    assert 58 <= await durable.hlen(bucket) <= 59
+    assert await queue.enqueue(durable, "a", DOC) is True
+    live = await durable.hmget(bucket, ["a", *mates[64:]])
+    assert all(v is not None for v in live)
     assert await durable.object("encoding", bucket) == "listpack"
     assert await registry_violations(durable, "durable") == []
 
