@@ -36,6 +36,7 @@ from gateway.push import feed
 from gateway.push.protocol import FeedRow
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
 from gateway.stores.coalesce import AutoPipeline
+from gateway.stores.postgres import GatewayConnection
 from gateway.stores.runtime import Runtime, chat_pipeline
 
 __all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
@@ -107,8 +108,9 @@ class ConversationService:
 
     async def _handle_locked(self, conn: asyncpg.Connection, incoming: Incoming,
                              send: Send, *, last: bool = False) -> Outcome:
-        """``last``: the connection goes back to the pool right after (the settle of the
-        reply, the last statement, then takes the pool's reset along)."""
+        """``last``: the connection goes back to the pool right after, fresh from it when
+        acquired: the pool's reset is skipped after the settle, the last statement, since
+        none of this message's statements leaves anything in the session."""
         command = command_of(incoming.text)
         # Answered, never stored: a link code must not reach the feed, and a chat's
         # subscription commands are for the gateway, not the conversation.
@@ -221,7 +223,9 @@ class ConversationService:
         delivered = await deliver(conn, self.limiter, limits,
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
-        await store.settle(conn, conversation_id, seq, last=last)
+        await store.settle(conn, conversation_id, seq)
+        if last and isinstance(conn, GatewayConnection):
+            conn.leave_clean()
         return delivered
 
     async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,

@@ -150,25 +150,35 @@ def payload(incoming: Incoming, message: Message) -> dict[str, Any]:
             "user_id": message.user_id, "user_name": message.user_name}
 
 
+# The settle: one prepared statement whose own transaction commits without waiting for its
+# WAL flush. The CTE sets synchronous_commit for this transaction only (set_config's
+# is_local: in effect at its COMMIT, gone after it) before the row is written; outside a
+# transaction the statement is its transaction. Prepared, it is planned once per connection
+# (as a simple query with the ids in its text, BEGIN, SET LOCAL and COMMIT it was parsed and
+# planned for every message); a PL/pgSQL function around it costs ~30 µs more per call, and
+# a SQL one is planned per call before PostgreSQL 18.
+_SETTLE = """
+WITH asynchronous AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE conversation_messages AS m SET settled_at = now() FROM asynchronous
+WHERE m.conversation_id = $1 AND m.seq = $2
+"""
+_SETTLE_IN_TRANSACTION = ("UPDATE conversation_messages SET settled_at = now()"
+                          " WHERE conversation_id = $1 AND seq = $2")
+
+
 async def settle(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,
-                 seq: int, *, last: bool = False) -> None:
+                 seq: int) -> None:
     """The reply left our hands (delivered or dead-lettered), committed without waiting for
     its WAL flush (``synchronous_commit = off`` for this transaction only): a PostgreSQL
     crash that loses the mark leaves the reply unsettled, and a retried head is then kept
     from sending it again by the inbox fence's sent mark (docs/architecture.md, "What a
-    crash can still do"). One round trip, a simple query (the ids are integers, written
-    into the text). ``last``: the caller releases the pooled connection next, so the pool's
-    reset rides along after the COMMIT (``GatewayConnection.execute_last``)."""
-    update = ("UPDATE conversation_messages SET settled_at = now()"
-              f" WHERE conversation_id = {int(conversation_id)} AND seq = {int(seq)}")
+    crash can still do"). One round trip, and it leaves nothing in the session: a caller may
+    skip the pool's reset after it (``GatewayConnection.leave_clean``). Inside the caller's
+    own transaction the plain UPDATE runs, and that commit decides."""
     if isinstance(conn, asyncpg.Connection) and conn.is_in_transaction():
-        await conn.execute(update)  # the caller's transaction decides how it commits
+        await conn.execute(_SETTLE_IN_TRANSACTION, conversation_id, seq)
         return
-    quick = f"BEGIN; SET LOCAL synchronous_commit = off; {update}; COMMIT"
-    if last and hasattr(conn, "execute_last"):
-        await conn.execute_last(quick)
-        return
-    await conn.execute(quick)
+    await conn.execute(_SETTLE, conversation_id, seq)
 
 
 async def settled(conn: asyncpg.Connection | asyncpg.Pool, conversation_id: int,

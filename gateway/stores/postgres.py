@@ -32,24 +32,13 @@ CONNECT_SECONDS = 5.0
 
 
 class GatewayConnection(asyncpg.Connection):
-    """A pooled connection that can run its borrower's last statement and the pool's reset
-    (``get_reset_query``: advisory locks, cursors, LISTEN, session settings) in one round
-    trip: ``execute_last``, or with its COMMIT: ``reset_at_commit``, or skip it for a
-    borrower that leaves no session state: ``leave_clean``. Nothing else differs."""
+    """A pooled connection that can run the pool's reset (``get_reset_query``: advisory
+    locks, cursors, LISTEN, session settings) with its borrower's COMMIT, in one round trip:
+    ``reset_at_commit``, or skip it for a borrower that leaves no session state:
+    ``leave_clean``. Nothing else differs."""
 
-    _reset_at: int | None = None  # queries_count right after execute_last's reset
+    _reset_at: int | None = None  # queries_count when the session was left reset or clean
     _commit_resets = False  # reset_at_commit was called and its COMMIT has not run yet
-
-    async def execute_last(self, statement: str) -> None:
-        """Run ``statement`` (a simple query: no arguments), then reset the session in the
-        same round trip, as the pool does on release, which then skips its own reset. Only
-        when no transaction is open (a rollback on release would undo ``statement``) and
-        only if no query runs on the connection after it: else the pool resets as usual."""
-        if self.is_in_transaction():
-            await self.execute(statement)
-            return
-        await self.execute(f"{statement};\n{self.get_reset_query()}")
-        self._reset_at = _queries(self)
 
     def reset_at_commit(self) -> None:
         """The open top-level transaction's COMMIT resets the session first, in the same
@@ -79,8 +68,8 @@ class GatewayConnection(asyncpg.Connection):
         return cast(str, await super().execute(query, *args, timeout=timeout))
 
     def take_reset(self) -> bool:
-        """The session was reset by ``execute_last`` and nothing ran since (for the pool's
-        release; forgets the mark)."""
+        """The session was reset with a COMMIT (``reset_at_commit``) or left clean
+        (``leave_clean``) and nothing ran since (for the pool's release; forgets the mark)."""
         done = self._reset_at is not None and self._reset_at == _queries(self)
         self._reset_at = None
         return done and not self.is_in_transaction()
@@ -94,9 +83,8 @@ def _queries(conn: asyncpg.Connection) -> int | None:
 
 async def _reset(conn: asyncpg.Connection) -> None:
     """The pool's reset on release (after asyncpg's own rollback of an open transaction):
-    asyncpg's reset query, unless it ran already with the borrower's last statement
-    (``execute_last``) or COMMIT (``reset_at_commit``), or the borrower left nothing to reset
-    (``leave_clean``)."""
+    asyncpg's reset query, unless it ran already with the borrower's COMMIT
+    (``reset_at_commit``), or the borrower left nothing to reset (``leave_clean``)."""
     if isinstance(conn, GatewayConnection):
         conn._commit_resets = False  # a rolled back transaction's mark ends with its borrow
         if conn.take_reset():

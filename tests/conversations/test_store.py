@@ -176,9 +176,9 @@ CREATE CONSTRAINT TRIGGER settle_probe AFTER UPDATE ON conversation_messages
 async def test_the_settle_alone_commits_without_waiting_for_its_flush(
         runtime: Runtime) -> None:
     """The settle's transaction commits with ``synchronous_commit = off`` (a deferred
-    trigger sees the setting at COMMIT, after the pool's reset when it rides along), and
-    only it: the session keeps its setting, no transaction is left open, and inside a
-    caller's transaction the caller's commit decides."""
+    trigger sees the setting at COMMIT), and only it: the session keeps its setting (so the
+    leased path may skip the pool's reset after it), no transaction is left open, and inside
+    a caller's transaction the caller's commit decides."""
     async with runtime.pg.acquire() as conn:
         await conn.execute(_COMMIT_PROBE)
         try:
@@ -190,10 +190,11 @@ async def test_the_settle_alone_commits_without_waiting_for_its_flush(
             cid = got.conversation_id
             await store.settle(conn, cid, replies[0].seq)
             assert await conn.fetchval("SHOW synchronous_commit") == "on"
-            await store.settle(conn, cid, replies[1].seq, last=True)
-            assert conn.take_reset() and not conn.is_in_transaction()
+            await store.settle(conn, cid, replies[1].seq)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            assert not conn.is_in_transaction()
             async with conn.transaction():
-                await store.settle(conn, cid, replies[2].seq, last=True)
+                await store.settle(conn, cid, replies[2].seq)
             probed = await conn.fetch("SELECT synchronous_commit FROM settle_probe")
             settled = await conn.fetchval(
                 "SELECT count(*) FROM conversation_messages WHERE settled_at IS NOT NULL")

@@ -100,37 +100,9 @@ async def one_connection_pools(servers: ServerSet) -> AsyncIterator[tuple[Any, A
     try:
         yield pool, other
     finally:
-        await pool.execute("DROP TABLE IF EXISTS reset_probe, commit_probe")
+        await pool.execute("DROP TABLE IF EXISTS commit_probe")
         await pool.close()
         await other.close()
-
-
-async def test_a_last_statement_takes_the_pools_reset_along_and_only_when_last(
-        one_connection_pools: tuple[Any, Any]) -> None:
-    """``execute_last`` runs its statement and the session reset in one round trip and the
-    release then skips its own; any query after it, or an open transaction, and the release
-    resets as usual: settings, advisory locks never outlive a borrow either way."""
-    pool, other = one_connection_pools
-    lock = "SELECT pg_try_advisory_lock(4242)"
-    await pool.execute("CREATE TABLE IF NOT EXISTS reset_probe (n int)")
-    async with pool.acquire() as conn:
-        await conn.execute("SET application_name = 'borrowed'")
-        assert await conn.fetchval(lock)
-        await conn.execute_last("INSERT INTO reset_probe VALUES (1)")
-        assert conn.take_reset() and not conn.take_reset()  # the mark is taken once
-        await conn.execute_last("INSERT INTO reset_probe VALUES (2)")
-    assert await other.fetchval(lock)  # the session's lock went with the reset
-    await other.execute("SELECT pg_advisory_unlock_all()")
-    async with pool.acquire() as conn:
-        assert await conn.fetchval("SHOW application_name") != "borrowed"
-        await conn.execute_last("INSERT INTO reset_probe VALUES (3)")
-        assert await conn.fetchval(lock)  # after the reset: the release resets again
-    assert await other.fetchval(lock)
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute_last("INSERT INTO reset_probe VALUES (4)")  # commits with it
-        assert not conn.take_reset()
-    assert sorted(await pool.fetchval("SELECT array_agg(n) FROM reset_probe")) == [
-        1, 2, 3, 4]
 
 
 async def test_a_commit_takes_the_pools_reset_along_and_a_clean_borrow_skips_it(
