@@ -112,15 +112,16 @@ async def chain_round(rt: Runtime, fake: FakeOpenAI, calls: int, slices: int,
 async def parts_round(rt: Runtime, fake: FakeOpenAI, calls: int) -> tuple[Rate, Rate]:
     """What the chain adds, in two parts without the HTTP call, each from CONCURRENCY
     coroutines: the limiter alone (the slot, request and tokens taken, the tokens settled and
-    the slot given back: two script calls) and the ledger alone (the budget check, the usage
-    row)."""
+    the slot given back, not waited for, as the chain does: two script calls) and the ledger
+    alone (the budget check, the usage row)."""
     providers = bench_providers(rt, fake)
     limits, ledger = providers.limits, providers.ledger
     assert ledger is not None
 
-    async def limited(i: int) -> None:
-        async with limits.call("bench", tokens=32) as ticket:
-            await ticket.settle(30)
+    async def limited(i: int) -> None:  # as the chain does: the release not waited for
+        ticket = await limits.admit("bench", tokens=32)
+        await ticket.settle(30)
+        ticket.finish_nowait()
 
     async def ledgered(i: int) -> None:
         charge = Charge(chat=f"c{i % 50}", account=f"a{i % 5}")

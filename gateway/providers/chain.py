@@ -21,7 +21,6 @@ the provider worked for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -94,10 +93,6 @@ class Chain:
         return stream.attach(self._stream(stream, model, messages, charge, max_tokens))
 
     # plumbing -------------------------------------------------------------
-    async def _check(self, charge: Charge) -> None:
-        if self.ledger is not None:
-            await self.ledger.check(charge)
-
     async def _record(self, client: OpenAIClient, model: str, kind: str, usage: Usage,
                       charge: Charge) -> None:
         if self.ledger is not None:
@@ -117,25 +112,28 @@ class Chain:
         await ticket.settle(usage.total)
         await self._record(client, model, "chat", usage, charge)
 
-    @contextlib.asynccontextmanager
-    async def _admitted(self, client: OpenAIClient, estimate: int) -> AsyncIterator[Ticket]:
-        """One attempt inside ``client``'s limits. A 429 with ``Retry-After`` in the block
-        becomes the provider's cool-down before the slot is given back, so no caller that
-        waited for the slot calls in between; a cool-down longer than this provider's
-        ``max_retry_after_seconds`` is that provider's ``RateLimited`` without a call."""
+    async def _admit(self, client: OpenAIClient, estimate: int) -> Ticket:
+        """One attempt admitted by ``client``'s limits. A cool-down longer than this
+        provider's ``max_retry_after_seconds`` is that provider's ``RateLimited`` without a
+        call. The caller gives the slot back with ``_release``."""
         try:
-            async with self.limits.call(
-                    client.name, tokens=estimate,
-                    max_cooldown=client.config.max_retry_after_seconds) as ticket:
-                try:
-                    yield ticket
-                except RateLimited as error:
-                    if error.retry_after:
-                        await self._cool_down(client, error.retry_after)
-                    raise
+            return await self.limits.admit(client.name, tokens=estimate,
+                                           max_cooldown=client.config.max_retry_after_seconds)
         except CoolingDown as cooling:
             raise RateLimited(client.name, cooling.seconds,
                               "cooling down after a 429") from None
+
+    async def _release(self, client: OpenAIClient, ticket: Ticket,
+                       error: BaseException | None) -> None:
+        """An attempt's end: a 429 with ``Retry-After`` becomes the provider's cool-down
+        before the slot is given back, so no caller that waited for the slot calls in
+        between; then the settled tokens and the slot go out with the limiter's next flush,
+        not waited for (``Ticket.finish_nowait``: the call's answer does not depend on it)."""
+        try:
+            if isinstance(error, RateLimited) and error.retry_after:
+                await self._cool_down(client, error.retry_after)
+        finally:
+            ticket.finish_nowait()
 
     async def _cool_down(self, client: OpenAIClient, seconds: float) -> None:
         try:
@@ -163,18 +161,22 @@ class Chain:
 
     async def _first(self, kind: str, model: str, estimate: int, charge: Charge,
                      call: Callable[[OpenAIClient], Awaitable[T]]) -> T:
-        await self._check(charge)
+        if self.ledger is not None:
+            await self.ledger.check(charge)
         failures: list[ProviderError] = []
         for client in self.clients:
             retried = 0
             while True:
                 try:
-                    async with self._admitted(client, estimate) as ticket:
+                    ticket = await self._admit(client, estimate)
+                    try:
                         result = await call(client)
                         await ticket.settle(result.usage.total)
-                        # The usage row is queued now: its statement and the slot's release
-                        # (the block's end) overlap instead of following each other.
                         written = self._submit(client, model, kind, result.usage, charge)
+                    except BaseException as error:
+                        await self._release(client, ticket, error)
+                        raise
+                    ticket.finish_nowait()
                 except ProviderError as error:
                     if await self._go_on(client, error, retried, failures):
                         retried += 1
@@ -187,7 +189,8 @@ class Chain:
 
     async def _stream(self, stream: ChatStream, model: str, messages: Sequence[Message],
                       charge: Charge, max_tokens: int | None) -> AsyncIterator[str]:
-        await self._check(charge)
+        if self.ledger is not None:
+            await self.ledger.check(charge)
         estimate = estimate_messages(messages) + (max_tokens or REPLY_ESTIMATE)
         failures: list[ProviderError] = []
         for client in self.clients:
@@ -195,7 +198,9 @@ class Chain:
             while True:
                 sent: list[str] = []
                 try:
-                    async with self._admitted(client, estimate) as ticket:
+                    ticket = await self._admit(client, estimate)
+                    failed: BaseException | None = None
+                    try:
                         inner = client.stream_chat(model, messages, max_tokens=max_tokens)
                         try:
                             async for delta in inner:
@@ -213,6 +218,11 @@ class Chain:
                             await inner.aclose()
                         usage = inner.usage or Usage(estimate, 0, estimated=True)
                         await self._settle(ticket, client, model, charge, usage)
+                    except BaseException as error:
+                        failed = error
+                        raise
+                    finally:
+                        await self._release(client, ticket, failed)
                 except ProviderError as error:
                     if sent:  # the first words are out: no other provider can continue
                         raise ChainFailed([*failures, error]) from None

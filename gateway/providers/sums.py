@@ -59,6 +59,19 @@ class Sums:
         return (None if chat_key is None else self._value(chat_key),
                 None if account_key is None else self._value(account_key))
 
+    def cached(self, chat: str | None, account: str | None
+               ) -> tuple[int | None, int | None] | None:
+        """``get``'s answer when no read is needed (both sums fresh), else None: the
+        caller's hot path skips a coroutine."""
+        now = time.monotonic()
+        chat_used = account_used = None
+        if chat is not None and (chat_used := self._fresh(("chat", chat), now)) is None:
+            return None
+        if account is not None and (
+                account_used := self._fresh(("account", account), now)) is None:
+            return None
+        return chat_used, account_used
+
     def _value(self, key: Key) -> int:
         found = self._sums.get(key)
         return 0 if found is None else found.value

@@ -119,10 +119,14 @@ class UsageLedger:
         limits = self.limits
         chat = charge.chat if limits.per_chat is not None else None
         account = charge.account if limits.per_account is not None else None
-        total = await self.total.get() if limits.total is not None else None
+        total = None
+        if limits.total is not None:  # fresh values are read without a coroutine's cost
+            total = self.total.value if self.total.fresh else await self.total.get()
         chat_used = account_used = None
         if chat is not None or account is not None:
-            chat_used, account_used = await self.sums.get(chat, account)
+            cached = self.sums.cached(chat, account)
+            chat_used, account_used = (cached if cached is not None
+                                       else await self.sums.get(chat, account))
         for scope, used, limit in (("total", total, limits.total),
                                    ("chat", chat_used, limits.per_chat),
                                    ("account", account_used, limits.per_account)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import math
 import secrets
 from collections.abc import AsyncIterator, Sequence
@@ -30,6 +31,7 @@ from gateway import keys
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
 
+log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent / "lua"
 _CLOCK = (_HERE / "includes" / "clock.lua").read_text()
 _LOG = _CLOCK + (_HERE / "includes" / "log.lua").read_text()
@@ -39,6 +41,10 @@ _WINDOWS = _LOG + _SLOT + (_HERE / "windows.lua").read_text()
 _AMEND = _CLOCK + (_HERE / "amend.lua").read_text()
 _SLOTS = _CLOCK + _SLOT + (_HERE / "slots.lua").read_text()
 _COOLDOWN = _CLOCK + (_HERE / "cooldown.lua").read_text()
+# amend.lua as EVAL sends it (amend_nowait): without its whole-line comments, which Redis
+# would hash with the rest on every call.
+_AMEND_TEXT = "\n".join(line for line in _AMEND.splitlines()
+                        if line.strip() and not line.lstrip().startswith("--"))
 _MICRO = 1_000_000
 # Key names are built once per name and process (every call names the same few provider
 # groups and platform buckets; ~1.5 µs per key, six keys and more per provider call).
@@ -165,6 +171,54 @@ class _WindowCall:
                         window=whole_units(self.rate, self.period)[1])
 
 
+class Group:
+    """The keys and fixed arguments of one group's windows.lua call (its windows' limits and
+    periods, its cool-down, its slots), built once: a provider's are the same for every call
+    and only the costs and the attempt change (built each time, they cost ~15 µs a call).
+    The windows' own ``cost`` is not used: each call gives its costs."""
+
+    def __init__(self, tag: str, windows: Sequence[Window], *, cooldown: bool = False,
+                 slot: Slot | None = None) -> None:
+        if not windows or any(w.limit < 1 or w.period <= 0 for w in windows):
+            raise LimitError("limits and periods must be positive")
+        self.tag = tag
+        self.windows = tuple(windows)
+        self.slot = slot
+        self.keys: list[str] = []
+        for w in windows:
+            self.keys += [group_key(tag, w.part), group_key(tag, w.part) + ":total"]
+        if cooldown:
+            self.keys.append(cooldown_key(tag))
+        self._spans = [(w.limit, round(w.period * _MICRO)) for w in windows]
+        self._slot_args: list[Any] = []
+        if slot is not None:
+            self.keys.append(group_slots_key(tag))
+            self._slot_args = [int(slot.limit), round(slot.lease * _MICRO)]
+
+    def args(self, costs: Sequence[int], attempt: str, now: float | None) -> list[Any]:
+        """windows.lua's arguments for one attempt at ``costs`` (one per window, in order)."""
+        args: list[Any] = [len(self._spans)]
+        for (limit, span), cost in zip(self._spans, costs, strict=True):
+            if cost < 0:
+                raise LimitError("costs must not be negative")
+            args += (limit, span, cost)
+        args += (attempt, "" if now is None else str(round(now * _MICRO)), *self._slot_args)
+        return args
+
+    def amend_call(self, part: str, attempt: str, old: int, new: int | None, *,
+                   release: bool) -> tuple[list[str], list[Any]]:
+        """amend.lua's keys and arguments: ``part``'s entry of ``attempt`` from cost ``old``
+        to ``new`` (None: left), and with ``release`` the attempt's slot given back."""
+        index = [w.part for w in self.windows].index(part)
+        log_key, (_, span) = self.keys[2 * index], self._spans[index]
+        amend_keys = [log_key, log_key + ":total"]
+        args: list[Any] = [attempt, old, "" if new is None else max(0, int(new)), span]
+        if release:
+            amend_keys.append(group_slots_key(self.tag))
+            args.append(attempt)
+        return amend_keys, args
+
+
 class Limiter:
     """Rate and concurrency limits by name; all state in ``rl:`` keys on redis-durable."""
 
@@ -179,6 +233,7 @@ class Limiter:
         self._windows: Any = redis.register_script(_WINDOWS)
         self._amend: Any = redis.register_script(_AMEND)
         self._cooldown: Any = redis.register_script(_COOLDOWN)
+        self._unawaited: set[asyncio.Future[Any]] = set()  # amend_nowait's tasks (no auto)
 
     async def _run(self, script: Any, script_keys: list[str], args: list[Any]) -> Any:
         if self.auto is not None:
@@ -254,23 +309,17 @@ class Limiter:
         ``cooldown``: and not before the group's cool-down ends; ``slot``: and only while
         one of the group's concurrent slots is free, taken for ``attempt`` in the same
         call and kept while the windows refuse (given back by ``amend(..., release=True)``)."""
-        if not windows or any(w.limit < 1 or w.period <= 0 or w.cost < 0 for w in windows):
-            raise LimitError("limits and periods must be positive, costs not negative")
-        log_keys: list[str] = []
-        args: list[Any] = [len(windows)]
-        for w in windows:
-            log_keys += [group_key(tag, w.part), group_key(tag, w.part) + ":total"]
-            args += [w.limit, round(w.period * _MICRO), w.cost]
-        if cooldown:
-            log_keys.append(cooldown_key(tag))
-        args += [attempt, "" if now is None else str(round(now * _MICRO))]
-        if slot is not None:
-            log_keys.append(group_slots_key(tag))
-            args += [int(slot.limit), round(slot.lease * _MICRO)]
-        admitted, wait_us, now_us, cooling, full = await self._run(self._windows, log_keys,
-                                                                   args)
+        return await self.check_group(Group(tag, windows, cooldown=cooldown, slot=slot),
+                                      [w.cost for w in windows], attempt=attempt, now=now)
+
+    async def check_group(self, group: Group, costs: Sequence[int], *, attempt: str,
+                          now: float | None = None) -> Decision:
+        """``check_all`` of a group built once, at ``costs`` (one per window, in order)."""
+        admitted, wait_us, now_us, cooling, full = await self._run(
+            self._windows, group.keys, group.args(costs, attempt, now))
         if int(admitted) < 0:
-            raise LimitError(f"{tag}: a cost can never fit its limit: {windows}")
+            raise LimitError(f"{group.tag}: a cost can never fit its limit: "
+                             f"{list(zip(group.windows, costs, strict=True))}")
         return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO,
                         int(cooling) == 1, int(full) == 1)
 
@@ -286,26 +335,33 @@ class Limiter:
         ``amend(..., release=True)`` (given back here if the wait ends otherwise); a holder
         that finishes early frees its slot long before its lease ends, so a full group is
         polled every ``poll`` seconds."""
+        return await self.acquire_group(Group(tag, windows, cooldown=cooldown, slot=slot),
+                                        [w.cost for w in windows], max_wait=max_wait,
+                                        max_cooldown=max_cooldown, poll=poll)
+
+    async def acquire_group(self, group: Group, costs: Sequence[int], *,
+                            max_wait: float | None = None, max_cooldown: float | None = None,
+                            poll: float = 0.05) -> str:
+        """``acquire_all`` of a group built once, at ``costs`` (one per window, in order)."""
         attempt = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         deadline = None if max_wait is None else loop.time() + max_wait
         try:
             while True:
-                decision = await self.check_all(tag, windows, attempt=attempt,
-                                                cooldown=cooldown, slot=slot)
+                decision = await self.check_group(group, costs, attempt=attempt)
                 if decision.admitted:
                     return attempt
                 if (decision.cooling and max_cooldown is not None
                         and decision.wait > max_cooldown):
-                    raise CoolingDown(tag, decision.wait)
+                    raise CoolingDown(group.tag, decision.wait)
                 wait = min(decision.wait, poll) if decision.slot_full else decision.wait
                 if deadline is not None and loop.time() + wait > deadline:
-                    raise LimitError(f"{tag}: not admitted within {max_wait} s")
+                    raise LimitError(f"{group.tag}: not admitted within {max_wait} s")
                 await asyncio.sleep(wait)
         except BaseException:
-            if slot is not None:  # a slot held while the windows refused goes back
+            if group.slot is not None:  # a slot held while the windows refused goes back
                 with contextlib.suppress(Exception):
-                    await self.redis.zrem(group_slots_key(tag), attempt)
+                    await self.redis.zrem(group_slots_key(group.tag), attempt)
             raise
 
     async def cool_down(self, tag: str, seconds: float, *, now: float | None = None) -> None:
@@ -322,15 +378,35 @@ class Limiter:
         """Set the cost of an admitted attempt in one window of its group to ``cost`` (None:
         leave it), at its admission time; False when the entry has already left the window.
         ``release``: and give back the attempt's slot of the group, in the same call."""
-        log_key = group_key(tag, window.part)
-        script_keys = [log_key, log_key + ":total"]
-        args: list[Any] = [attempt, window.cost, "" if cost is None else max(0, int(cost)),
-                           round(window.period * _MICRO)]
-        if release:
-            script_keys.append(group_slots_key(tag))
-            args.append(attempt)
-        done = await self._run(self._amend, script_keys, args)
-        return int(done) == 1
+        return await self.amend_group(Group(tag, [window]), window.part, attempt, window.cost,
+                                      cost, release=release)
+
+    async def amend_group(self, group: Group, part: str, attempt: str, old: int,
+                          new: int | None, *, release: bool = False) -> bool:
+        """``amend`` in a group built once: ``part``'s entry from cost ``old`` to ``new``."""
+        script_keys, args = group.amend_call(part, attempt, old, new, release=release)
+        return int(await self._run(self._amend, script_keys, args)) == 1
+
+    def amend_nowait(self, group: Group, part: str, attempt: str, old: int, new: int | None,
+                     *, release: bool = False) -> None:
+        """``amend`` without waiting for it: sent with the next flush of ``auto``, ahead of
+        anything this process sends through it afterwards, its error logged (by ``auto``).
+        As ``EVAL`` of the script's text, not by SHA: no reply is read, so a server that
+        forgot the script (restart, failover) could not be answered with a load and a retry.
+        Without ``auto``, a task of its own (errors logged here)."""
+        script_keys, args = group.amend_call(part, attempt, old, new, release=release)
+        if self.auto is not None:
+            self.auto.send_nowait([("EVAL", _AMEND_TEXT, len(script_keys), *script_keys,
+                                    *args)])
+            return
+        task = asyncio.ensure_future(self._run(self._amend, script_keys, args))
+        self._unawaited.add(task)
+        task.add_done_callback(functools.partial(self._amended, group.tag))
+
+    def _amended(self, tag: str, task: asyncio.Future[Any]) -> None:
+        self._unawaited.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s: amend not sent: %s", tag, task.exception())
 
     async def try_slot(self, name: str, holder: str, *, limit: int, lease: float,
                        now: float | None = None) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import ConfigError, Settings
-from gateway.ratelimit.limiter import Limiter, Slot, Window
+from gateway.ratelimit.limiter import Group, Limiter, Slot, Window
 
 
 @dataclass(frozen=True)
@@ -119,26 +119,36 @@ def provider_limits(settings: Settings) -> dict[str, ProviderLimits]:
 class Ticket:
     """An admitted provider call: ``settle(tokens)`` replaces the token estimate it was
     admitted on with the count the provider reported, at the same admission time. The
-    correction goes out when the call's block ends, with its slot's release, in one script
-    call (``finish``)."""
+    correction goes out when the call ends, with its slot's release, in one script call
+    (``finish``, or ``finish_nowait``)."""
 
-    def __init__(self, limiter: Limiter, tag: str, tokens: Window, attempt: str) -> None:
+    __slots__ = ("_attempt", "_estimate", "_group", "_limiter", "_settled", "tokens")
+
+    def __init__(self, limiter: Limiter, group: Group, estimate: int, attempt: str) -> None:
         self._limiter = limiter
-        self._tag = tag
-        self._tokens = tokens
+        self._group = group
+        self._estimate = estimate
         self._attempt = attempt
         self._settled: int | None = None
-        self.tokens = tokens.cost
+        self.tokens = estimate
 
     async def settle(self, tokens: int) -> None:
         """Count ``tokens`` instead of the estimate (sent with the slot's release)."""
-        self._settled = None if tokens == self._tokens.cost else max(0, tokens)
+        self._settled = None if tokens == self._estimate else max(0, tokens)
         self.tokens = max(0, tokens)
 
     async def finish(self) -> None:
         """The settled tokens, if any, and the slot given back: one script call."""
-        await self._limiter.amend(self._tag, self._tokens, self._attempt, self._settled,
-                                  release=True)
+        await self._limiter.amend_group(self._group, "tokens", self._attempt, self._estimate,
+                                        self._settled, release=True)
+
+    def finish_nowait(self) -> None:
+        """``finish`` without waiting for Redis to answer (``Limiter.amend_nowait``): sent
+        with the next flush, ahead of this process's next admission. Lost only with its
+        flush (a connection lost or timed out, logged), as an awaited one whose error was
+        suppressed: the estimate then stands and the slot's lease frees it."""
+        self._limiter.amend_nowait(self._group, "tokens", self._attempt, self._estimate,
+                                   self._settled, release=True)
 
 
 class Providers:
@@ -151,7 +161,8 @@ class Providers:
     out beside the next window's). All on shared Redis state: every replica counts against
     the same budget. ``ticket.settle(n)`` corrects the tokens once the provider has said how
     many it counted; the correction and the slot's release are one script call at the
-    block's end.
+    block's end. ``admit`` and ``Ticket.finish_nowait`` are the same without the block and
+    without waiting for the release (the chain's).
     ``cool_down(provider, seconds)`` (a 429's ``Retry-After``) holds back every ``call`` of
     that provider, on every replica, until it is over.
     """
@@ -159,6 +170,8 @@ class Providers:
     def __init__(self, limiter: Limiter, table: Mapping[str, ProviderLimits]) -> None:
         self.limiter = limiter
         self.table = dict(table)
+        # (provider, lease) -> its group and token budget, built once per process
+        self._groups: dict[tuple[str, float], tuple[Group, int]] = {}
 
     def limits(self, provider: str) -> ProviderLimits:
         try:
@@ -167,6 +180,26 @@ class Providers:
             raise KeyError(f"unknown provider {provider!r}; configure "
                            f"[providers.{provider}]") from None
 
+    def _group(self, provider: str, lease: float) -> tuple[Group, int]:
+        found = self._groups.get((provider, lease))
+        if found is None:
+            limits = self.limits(provider)
+            windows = [Window("requests", limits.requests_per_minute, limits.window_seconds, 1),
+                       Window("tokens", limits.tokens_per_minute, limits.window_seconds, 0)]
+            found = (Group(_tag(provider), windows, cooldown=True,
+                           slot=Slot(limits.concurrent, lease)), limits.tokens_per_minute)
+            self._groups[(provider, lease)] = found
+        return found
+
+    async def admit(self, provider: str, *, tokens: int = 0, lease: float = 300.0,
+                    max_cooldown: float | None = None) -> Ticket:
+        """``call`` without the block: the caller gives the slot back with the ticket's
+        ``finish`` or ``finish_nowait`` (or its lease does)."""
+        group, budget = self._group(provider, lease)
+        cost = min(max(0, int(tokens)), budget)
+        attempt = await self.limiter.acquire_group(group, (1, cost), max_cooldown=max_cooldown)
+        return Ticket(self.limiter, group, cost, attempt)
+
     @contextlib.asynccontextmanager
     async def call(self, provider: str, *, tokens: int = 0, lease: float = 300.0,
                    max_cooldown: float | None = None) -> AsyncIterator[Ticket]:
@@ -174,15 +207,8 @@ class Providers:
         call then has the window to itself) rather than refused forever. The provider's
         cool-down (``cool_down``) is waited out with the windows, in the same script call;
         with more of it left than ``max_cooldown``, ``CoolingDown`` is raised at once."""
-        limits = self.limits(provider)
-        tag = _tag(provider)
-        requests = Window("requests", limits.requests_per_minute, limits.window_seconds, 1)
-        cost = min(max(0, int(tokens)), limits.tokens_per_minute)
-        token_window = Window("tokens", limits.tokens_per_minute, limits.window_seconds, cost)
-        attempt = await self.limiter.acquire_all(
-            tag, [requests, token_window], cooldown=True, max_cooldown=max_cooldown,
-            slot=Slot(limits.concurrent, lease))
-        ticket = Ticket(self.limiter, tag, token_window, attempt)
+        ticket = await self.admit(provider, tokens=tokens, lease=lease,
+                                  max_cooldown=max_cooldown)
         try:
             yield ticket
         finally:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.providers import Chain
-from gateway.ratelimit.limiter import Decision, Limiter, Window
+from gateway.ratelimit.limiter import Decision, Group, Limiter
 from tests.fakes.openai import FakeOpenAI, fake_tokens
 from tests.providers.conftest import MakeProviders
 
@@ -61,31 +61,43 @@ class LimiterRecord:
     # (Redis time, costs, cooling, the slots were all held)
     refused: list[tuple[float, dict[str, int], bool, bool]] = field(default_factory=list)
 
-    def watch(self, limiter: Limiter, monkeypatch: pytest.MonkeyPatch) -> None:
-        check_all, amend = limiter.check_all, limiter.amend
+    # settlements sent, each with a TIME sent after it through the same coalescer
+    settling: list[tuple[Admission, asyncio.Future[Any]]] = field(default_factory=list)
 
-        async def recording_check(tag: str, windows: list[Window], *, attempt: str,
+    def watch(self, limiter: Limiter, monkeypatch: pytest.MonkeyPatch) -> None:
+        check_group, amend_nowait = limiter.check_group, limiter.amend_nowait
+        auto = limiter.auto
+        assert auto is not None  # the chain's settlement goes out with auto's next flush
+
+        async def recording_check(group: Group, costs: Sequence[int], *, attempt: str,
                                   **kwargs: Any) -> Decision:
-            decision = await check_all(tag, windows, attempt=attempt, **kwargs)
-            costs = {w.part: w.cost for w in windows}
+            decision = await check_group(group, costs, attempt=attempt, **kwargs)
+            named = {w.part: cost for w, cost in zip(group.windows, costs, strict=True)}
             if decision.admitted:
-                self.admitted[attempt] = Admission(decision.now, costs)
+                self.admitted[attempt] = Admission(decision.now, named)
             else:
-                self.refused.append((decision.now, costs, decision.cooling,
+                self.refused.append((decision.now, named, decision.cooling,
                                      decision.slot_full))
             return decision
 
-        async def recording_amend(tag: str, window: Window, attempt: str, cost: int | None,
-                                  **kwargs: Any) -> bool:
-            done = await amend(tag, window, attempt, cost, **kwargs)
-            if cost is not None:
-                seconds, micros = await limiter.redis.time()
+        def recording_amend(group: Group, part: str, attempt: str, old: int,
+                            new: int | None, **kwargs: Any) -> None:
+            amend_nowait(group, part, attempt, old, new, **kwargs)
+            if new is not None:
                 entry = self.admitted[attempt]
-                entry.settled, entry.settled_by = cost, seconds + micros / 1_000_000
-            return done
+                entry.settled = new
+                # Sent after the settlement on the coalescer's one connection, TIME runs
+                # after it: its answer is a Redis time by which the settlement had run.
+                self.settling.append((entry, asyncio.ensure_future(auto.execute("TIME"))))
 
-        monkeypatch.setattr(limiter, "check_all", recording_check)
-        monkeypatch.setattr(limiter, "amend", recording_amend)
+        monkeypatch.setattr(limiter, "check_group", recording_check)
+        monkeypatch.setattr(limiter, "amend_nowait", recording_amend)
+
+    async def settled(self) -> None:
+        """Every settlement's time, once their TIME answers are in."""
+        for entry, time in self.settling:
+            seconds, micros = await time
+            entry.settled_by = int(seconds) + int(micros) / 1_000_000
 
     def window_refusals(self) -> int:
         """Refusals by the request, token or cool-down check (not for a slot)."""
@@ -139,6 +151,7 @@ async def test_1000_calls_never_exceed_requests_tokens_or_concurrency(
     await run(chain, [["tiny"]] * 600)
     light_refusals = record.window_refusals()
     await run(chain, [["word " * 9 + "word"]] * 400)
+    await record.settled()
 
     # The fake served exactly the admitted calls, and counted the tokens they settled on.
     calls = fake_openai.calls_to("embeddings")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,10 @@ from gateway.ratelimit import (
     platform_limits,
     provider_limits,
 )
-from gateway.ratelimit.limiter import Window, group_key
+from gateway.ratelimit.limiter import Decision, Window, group_key
+from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.runtime import Runtime
+from tests.fakes.waiting import wait_until
 
 
 def test_defaults_follow_the_design(settings: Settings) -> None:
@@ -120,3 +123,57 @@ async def test_a_provider_call_takes_request_and_tokens_together_and_settles_its
     # Settling above the estimate charges the difference (later calls wait for it).
     assert await limiter.amend("provider:p", Window("tokens", 100, 60.0, 60), "a", 90)
     assert await runtime.durable.get(total) == "130"
+
+
+async def test_a_settlement_not_waited_for_goes_out_ahead_of_the_next_admission(
+        runtime: Runtime) -> None:
+    auto = AutoPipeline(runtime.durable)
+    limiter = Limiter(runtime.durable, auto)
+    providers = Providers(limiter, {"one": ProviderLimits(10, 100, 1, window_seconds=60.0)})
+    checks = 0
+    check_group = limiter.check_group
+
+    async def counting(*args: Any, **kwargs: Any) -> Decision:
+        nonlocal checks
+        checks += 1
+        return await check_group(*args, **kwargs)
+
+    limiter.check_group = counting  # type: ignore[method-assign]
+    ticket = await providers.admit("one", tokens=60)
+    await ticket.settle(40)
+    ticket.finish_nowait()  # nothing awaited: sent with the next flush
+    # The only slot is free for the next admission, at its first check: the release went
+    # out before it on the coalescer's connection.
+    second = await providers.admit("one", tokens=10)
+    assert checks == 2
+    total = group_key("provider:one", "tokens") + ":total"
+    assert await runtime.durable.get(total) == "50"  # 40 settled + 10
+    second.finish_nowait()
+    await auto.drain()
+    assert await runtime.durable.zcard("rl:slots:{provider:one}") == 0
+
+
+async def test_a_settlement_not_waited_for_reaches_a_server_that_forgot_the_script(
+        runtime: Runtime, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the coalescer it is sent as EVAL of its text (no reply is read there to answer
+    NOSCRIPT with a load); without one, as a task of its own that loads the script."""
+    auto = AutoPipeline(runtime.durable)
+    total = group_key("provider:p", "tokens") + ":total"
+
+    async def settled() -> bool:
+        return (await runtime.durable.get(total) == "30"
+                and await runtime.durable.zcard("rl:slots:{provider:p}") == 0)
+
+    for limiter in (Limiter(runtime.durable, auto), Limiter(runtime.durable)):
+        await runtime.durable.delete(total, group_key("provider:p", "tokens"))
+        providers = Providers(limiter, {"p": ProviderLimits(10, 100, 1, window_seconds=60.0)})
+        ticket = await providers.admit("p", tokens=60)
+        await ticket.settle(30)
+        await runtime.durable.script_flush()  # a restart or a failover meanwhile
+        ticket.finish_nowait()
+        if limiter.auto is not None:
+            await auto.drain()
+            assert await settled()
+        else:
+            await wait_until(settled, message="the task's settlement")
+    assert "amend" not in caplog.text and "unawaited" not in caplog.text
