@@ -194,6 +194,11 @@ class Group:
         if slot is not None:
             self.keys.append(group_slots_key(tag))
             self._slot_args = [int(slot.limit), round(slot.lease * _MICRO)]
+        # per window: amend.lua's keys (with the slots' for a release) and the window in µs
+        self._amends = {w.part: ([log_key, log_key + ":total"],
+                                 [log_key, log_key + ":total", group_slots_key(tag)], span)
+                        for w, log_key, (_, span) in zip(windows, self.keys[:2 * len(windows):2],
+                                                         self._spans, strict=True)}
 
     def args(self, costs: Sequence[int], attempt: str, now: float | None) -> list[Any]:
         """windows.lua's arguments for one attempt at ``costs`` (one per window, in order)."""
@@ -209,14 +214,11 @@ class Group:
                    release: bool) -> tuple[list[str], list[Any]]:
         """amend.lua's keys and arguments: ``part``'s entry of ``attempt`` from cost ``old``
         to ``new`` (None: left), and with ``release`` the attempt's slot given back."""
-        index = [w.part for w in self.windows].index(part)
-        log_key, (_, span) = self.keys[2 * index], self._spans[index]
-        amend_keys = [log_key, log_key + ":total"]
+        keep, give_back, span = self._amends[part]
         args: list[Any] = [attempt, old, "" if new is None else max(0, int(new)), span]
         if release:
-            amend_keys.append(group_slots_key(self.tag))
             args.append(attempt)
-        return amend_keys, args
+        return (give_back if release else keep), args
 
 
 class Limiter:
