@@ -67,7 +67,19 @@ class Admission:
         """The coarse check (503 past the class's threshold of the instance's memory), then
         what ADD needs for the exact one: the class, and its limit of what the pipeline may
         hold (``threshold * maxmemory``; 0, counted only, without maxmemory)."""
-        ratio = self._ratio.value if self._ratio.fresh else await self.current()
+        return self._admit(cls, await self.current())
+
+    def admitted_now(self, cls: str) -> AdmissionClass | None:
+        """``admit`` without an await while the last read is fresh and admits ``cls`` (the
+        ingest path's common case); None when ``admit`` must be awaited instead."""
+        if not self._ratio.fresh:
+            return None
+        ratio = self._ratio.value
+        if ratio is not None and ratio >= self.thresholds[cls]:
+            return None
+        return self._admit(cls, ratio)
+
+    def _admit(self, cls: str, ratio: float | None) -> AdmissionClass:
         threshold = self.thresholds[cls]
         if ratio is not None and ratio >= threshold:
             raise ApiError(503, "backpressure",

@@ -30,7 +30,7 @@ from gateway.api import routes
 from gateway.api.errors import ApiError
 from gateway.api.spec import ANY_JSON, Operation, Param, string
 from gateway.api.state import PUBLIC
-from gateway.config import Settings
+from gateway.config import Settings, WebhookSource
 from gateway.dedup.intake import Intake
 from gateway.inbound import signing
 from gateway.inbound.documents import parse_json_text, webhook_payload
@@ -39,7 +39,6 @@ from gateway.inbound.http_intake import (
     DUPLICATE,
     INBOUND,
     MAINTENANCE,
-    Inbound,
     admitted_or_known,
     body_at_hand,
     install,
@@ -68,58 +67,65 @@ class Verified(NamedTuple):
     value: Any  # the parsed body
 
 
-async def _verify(request: web.Request, inbound: Inbound) -> Verified:
+def _verified(request: web.Request, name: str, source: WebhookSource, body: bytes) -> Verified:
+    """The signature checked and the body made a pipeline document, without an await (the
+    failures are the caller's to answer: a bad signature is counted by the barrier)."""
+    delivery_id = signing.verify(source, request.headers, body)
+    text, value = parse_json_text(body)
+    # GitHub names the event in a header; the other schemes in the body ("type").
+    event = request.headers.get("X-GitHub-Event") if source.scheme == "github" else None
+    payload = webhook_payload(name, delivery_id, text, value, event)
+    return Verified(name, delivery_id, payload, body, value)
+
+
+async def receive(request: web.Request) -> web.Response:
+    # Awaits only where a value must be read first (a stale cache, a slow body, a store):
+    # a coroutine per check would cost every request, most of which need none.
+    app = request.app
+    inbound = app[INBOUND]
+    if not inbound.maintenance.fresh or inbound.maintenance.state.on:
+        await refuse_during_maintenance(inbound.maintenance)
     name = request.match_info["source"]
     source = inbound.settings.webhook_sources.get(name)
     if source is None:
         raise ApiError(404, "unknown_source", f"no webhook source named {name!r} is configured")
-    ip = inbound.barrier.client_ip(request)
-    if not inbound.barrier.known_clear(ip):
-        await inbound.barrier.check(ip)
+    barrier = inbound.barrier
+    ip = barrier.client_ip(request)
+    if not barrier.known_clear(ip):
+        await barrier.check(ip)
     require_json(request)
     body = body_at_hand(request, inbound.settings.max_body_bytes)
     if body is None:
         body = await read_body(request)
     try:
-        delivery_id = signing.verify(source, request.headers, body)
-        text, value = parse_json_text(body)
-        # GitHub names the event in a header; the other schemes in the body ("type").
-        event = request.headers.get("X-GitHub-Event") if source.scheme == "github" else None
-        payload = webhook_payload(name, delivery_id, text, value, event)
+        verified = _verified(request, name, source, body)
     except signing.SignatureError as exc:
-        blocked_for = await inbound.barrier.record_failure(ip)
+        blocked_for = await barrier.record_failure(ip)
         if blocked_for:
-            raise inbound.barrier.refusal(blocked_for) from None
+            raise barrier.refusal(blocked_for) from None
         raise ApiError(401, "bad_signature", str(exc)) from None
     except signing.StaleSignature as exc:  # a replay, not a guess: not counted
         raise ApiError(401, "stale_signature", str(exc)) from None
     except signing.MalformedError as exc:
         raise ApiError(400, "malformed", str(exc)) from None
-    return Verified(name, delivery_id, payload, body, value)
-
-
-async def receive(request: web.Request) -> web.Response:
-    inbound = request.app[INBOUND]
-    if not inbound.maintenance.fresh or inbound.maintenance.state.on:
-        await refuse_during_maintenance(inbound.maintenance)
-    verified = await _verify(request, inbound)
-    guard = request.app[REPLAY]
-    policy = guard.policies[verified.source]
+    guard = app[REPLAY]
+    policy = guard.policies[name]
     if policy.fields:
         policy.check_fresh(request.headers.get("X-GitHub-Event"), verified.value, time.time())
-    item_id = item_id_for(verified.source, verified.delivery_id)
-    claim_key = keys.dedup_webhook(verified.source, verified.delivery_id)
-    admission = await admitted_or_known(inbound, "webhooks", claim_key)
+    item_id = item_id_for(name, verified.delivery_id)
+    claim_key = keys.dedup_webhook(name, verified.delivery_id)
+    admission = inbound.admission.admitted_now("webhooks")
     if admission is None:
-        return intake_answer(Intake.DUPLICATE, item_id)
+        admission = await admitted_or_known(inbound, "webhooks", claim_key)
+        if admission is None:
+            return intake_answer(Intake.DUPLICATE, item_id)
     if policy.window:
-        first = await guard.first_delivery(verified.source, verified.body,
-                                           verified.delivery_id, policy.window)
+        first = await guard.first_delivery(name, body, verified.delivery_id, policy.window)
         if first != verified.delivery_id:  # the same signed body under a fresh delivery id
-            return intake_answer(Intake.DUPLICATE, item_id_for(verified.source, first))
+            return intake_answer(Intake.DUPLICATE, item_id_for(name, first))
     outcome = await inbound.intaker.submit(
         claim_key, item_id, verified.payload, admission=admission,
-        quota=inbound.quotas.for_source(verified.source, inbound.admission.maxmemory))
+        quota=inbound.quotas.for_source(name, inbound.admission.maxmemory))
     return intake_answer(outcome, item_id)
 
 
