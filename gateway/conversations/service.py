@@ -143,7 +143,8 @@ class ConversationService:
             return await self._send_stored(
                 conn, incoming, send, conversation_id, seq, answer.seq, answer.text,
                 await store.settled(conn, conversation_id, answer.seq), last)
-        await self._publish(answer.row)
+        if not self._signal(answer.row):
+            await self._publish(answer.row)
         delivered = await self._deliver(conn, incoming, send, conversation_id, answer.seq,
                                         reply, last)
         return Outcome(conversation_id, seq, reply, delivered)
@@ -157,19 +158,26 @@ class ConversationService:
     async def _receive(self, conn: asyncpg.Connection, incoming: Incoming,
                        command: str | None) -> store.Received:
         """Store the message and its feed row (one statement), then the push signal and, when
-        it changed, the pointer to redis-cache: one round trip (``self.cache``)."""
+        it changed, the pointer to redis-cache (``self.cache``; only the pointer is waited for)."""
         pointer = await self._read_pointer(incoming)
         received = await store.receive(conn, incoming, pointer, is_new=command == "new")
         writes = []
         if received.conversation_id != pointer:  # the read renewed an unchanged pointer
             writes.append(self._write_pointer(incoming, received.conversation_id))
-        if received.row is not None:  # committed: the statement was its own transaction
+        # Committed (the statement was its own transaction): signalled with the next flush.
+        if received.row is not None and not self._signal(received.row):
             writes.append(self._publish(received.row))
         if len(writes) == 1:  # the usual case: awaited as is, without gather's task
             await writes[0]
         elif writes:
             await asyncio.gather(*writes)
         return received
+
+    def _signal(self, row: FeedRow) -> bool:
+        """Queue the committed row's signal on ``self.cache`` without waiting for it (it is
+        at-most-once, and nothing here depends on it); False when it must be awaited
+        (``_publish``: a cluster's coalescer cannot route PUBLISH)."""
+        return feed.publish_soon(self.runtime.cache, [row], self.cache)
 
     async def _publish(self, row: FeedRow) -> None:
         await feed.publish(self.runtime.cache, row, self.cache)

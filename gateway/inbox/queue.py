@@ -247,6 +247,12 @@ class Inbox:
         of the head must not send it again. ACK forgets it."""
         await self.auto.execute("HSET", self.shard(chat).sent, chat, value)
 
+    def mark_sent_soon(self, chat: str, value: str) -> asyncio.Future[list[Any]]:
+        """``mark_sent`` without waiting: queued on the coalescer now, so it reaches Redis
+        before anything the caller queues after it (the head's ACK); the future of its
+        reply."""
+        return self.auto.submit([("HSET", self.shard(chat).sent, chat, value)])
+
     async def reclaim(self, limit: int = 100) -> int:
         """Make the chats of expired leases ready again, up to ``limit`` per shard."""
         reclaimed = 0

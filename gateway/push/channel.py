@@ -89,16 +89,13 @@ async def publish_bodies(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
     the concurrent callers' commands, one round trip for them all."""
     if not bodies:
         return True
-    if _down_until.get(cache, 0.0) > time.monotonic():
-        metrics.SIGNALS.labels("skipped").inc(len(bodies))
+    if _skipping(cache, len(bodies)):
         return False
     messages = [(keys.push_channel(topic), body) for topic, body in bodies]
     try:
         async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
             if auto is not None and not auto.cluster:
-                for reply in await auto.batch([("PUBLISH", *message) for message in messages]):
-                    if isinstance(reply, Exception):
-                        raise reply
+                _raise_first(await auto.batch([("PUBLISH", *m) for m in messages]))
             elif len(messages) == 1:
                 await cache.publish(*messages[0])
             elif isinstance(cache, RedisCluster):
@@ -112,11 +109,65 @@ async def publish_bodies(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
         metrics.SIGNALS.labels("sent").inc(len(bodies))
         return True
     except Exception as exc:  # redis down, OOM, timeout: never fail the committed write
-        metrics.SIGNALS.labels("failed").inc(len(bodies))
-        _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
-        log.warning("%d push signal(s) on %s not sent (%s); skipping signals for %g s",
-                    len(bodies), bodies[0][0], type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
+        _failed(cache, bodies, exc)
         return False
+
+
+def publish_bodies_soon(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
+                        auto: AutoPipeline | None) -> bool:
+    """``publish_bodies`` without waiting for Redis: the PUBLISHes join ``auto``'s next flush
+    (after every command queued on it before, in the order given) and their outcome is
+    counted, and a failure logged and skipped after, when the replies come. For a writer
+    that has nothing to wait for: a signal is at-most-once either way, and a caller awaiting
+    it resumed its whole chain of coroutines for nothing. False when it could not be queued
+    that way (no coalescer, or a cluster's, which cannot route a keyless PUBLISH): then use
+    ``publish_bodies``."""
+    if auto is None or auto.cluster:
+        return False
+    if not bodies or _skipping(cache, len(bodies)):
+        return True
+    try:
+        sent = auto.submit([("PUBLISH", keys.push_channel(topic), body)
+                            for topic, body in bodies])
+    except Exception as exc:  # an argument Redis cannot take: as a failed PUBLISH
+        _failed(cache, bodies, exc)
+        return True
+    sent.add_done_callback(lambda done: _counted(cache, bodies, done))
+    return True
+
+
+def _counted(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
+             done: asyncio.Future[list[Any]]) -> None:
+    """The outcome of ``publish_bodies_soon``'s PUBLISHes, counted as ``publish_bodies``
+    counts its own."""
+    try:
+        _raise_first(done.result())
+    except (Exception, asyncio.CancelledError) as exc:
+        _failed(cache, bodies, exc)
+        return
+    metrics.SIGNALS.labels("sent").inc(len(bodies))
+
+
+def _raise_first(replies: list[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+def _skipping(cache: AnyRedis, count: int) -> bool:
+    """Within a second of a failed PUBLISH on this client: skip (and count) the signals."""
+    if _down_until.get(cache, 0.0) > time.monotonic():
+        metrics.SIGNALS.labels("skipped").inc(count)
+        return True
+    return False
+
+
+def _failed(cache: AnyRedis, bodies: Sequence[tuple[str, str]],
+            exc: BaseException) -> None:
+    metrics.SIGNALS.labels("failed").inc(len(bodies))
+    _down_until[cache] = time.monotonic() + SKIP_AFTER_FAILURE_SECONDS
+    log.warning("%d push signal(s) on %s not sent (%s); skipping signals for %g s",
+                len(bodies), bodies[0][0], type(exc).__name__, SKIP_AFTER_FAILURE_SECONDS)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,12 @@ from typing import Any
 
 import asyncpg
 
-from gateway.push.channel import INLINE_ROW_MAX_CHARS, publish_signals
+from gateway.push.channel import (
+    INLINE_ROW_MAX_CHARS,
+    publish_bodies_soon,
+    publish_signals,
+    signal_body,
+)
 from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
 from gateway.stores.coalesce import AutoPipeline
 from gateway.stores.redis import AnyRedis
@@ -244,6 +249,18 @@ async def publish_many(cache: AnyRedis, rows: Sequence[FeedRow],
     """``publish`` for several committed rows, in one round trip."""
     await publish_signals(cache, [(row.topic, row.offset, row.kind, row.epoch, row.wire)
                                   for row in rows], auto)
+
+
+def publish_soon(cache: AnyRedis, rows: Sequence[FeedRow], auto: AutoPipeline | None) -> bool:
+    """``publish_many`` without waiting for Redis (``channel.publish_bodies_soon``): the
+    signals join ``auto``'s next flush, in order after what was queued on it before. False
+    when they could not be queued that way (no coalescer, or a cluster's): then await
+    ``publish_many``."""
+    if auto is None or auto.cluster:
+        return False
+    return publish_bodies_soon(cache, [(row.topic, signal_body(row.topic, row.offset, row.kind,
+                                                                row.epoch, row.wire))
+                                       for row in rows], auto)
 
 
 async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,

@@ -83,9 +83,15 @@ class AutoPipeline:
 
         An argument Redis cannot take (not str, bytes, int or float) raises ``TypeError`` here,
         for this caller alone, before anything is queued."""
+        return await self.submit(commands)
+
+    def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        """``batch`` without waiting: queued now (in order with everything queued before),
+        the future of its replies, for a caller that only wants to know how it went
+        (``add_done_callback``) or waits later. Raises ``TypeError`` as ``batch`` does."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._enqueue(commands, future)
-        return await future
+        return future
 
     async def execute(self, *args: Any) -> Any:
         """One command through the shared pipeline; raises its error."""
