@@ -43,11 +43,13 @@ class Fence:
         self.inbox, self.chat, self.token, self.outage = inbox, chat, token, outage
         self.digest = hashlib.blake2b(head.encode(), digest_size=12).hexdigest()
 
-    async def check(self) -> tuple[bool, list[str]]:
+    async def check(self, asked: asyncio.Future[list[Any]] | None = None
+                    ) -> tuple[bool, list[str]]:
         """(the whole reply left, the messages showing it so far); raises ``LeaseLost``, or
-        ``StoreOutage`` when redis-durable cannot be asked."""
+        ``StoreOutage`` when redis-durable cannot be asked. ``asked``: the question queued
+        ahead (``ask``), else it is asked now."""
         try:
-            holds, sent = await self.inbox.before_send(self.chat, self.token)
+            holds, sent = await self.inbox.before_send(self.chat, self.token, asked)
         except UNREACHABLE as exc:  # not the reply's fault: the chat is given back uncounted
             raise StoreOutage(f"inbox fence: {type(exc).__name__}") from exc
         if not holds:
@@ -56,6 +58,13 @@ class Fence:
             return True, []
         digest, _, refs = sent.partition(" ")
         return False, refs.split() if digest == self.digest else []
+
+    def ask(self) -> asyncio.Future[list[Any]]:
+        """Queue ``check``'s question now (``Inbox.before_send_soon``); ``check`` reads its
+        answer. A failure of its round trip waits in the future for ``check`` to raise it."""
+        asked = self.inbox.before_send_soon(self.chat)
+        asked.add_done_callback(_retrieved)  # one asked again instead is never read
+        return asked
 
     async def mark(self, refs: Sequence[str] = ()) -> None:
         """Record the messages now showing the reply (``refs``), or that all of it left. A
@@ -90,16 +99,38 @@ class Fence:
             log.exception("inbox fence: the sent mark of %s failed", self.chat)
 
 
-def fenced_send(fence: Fence, send: Send) -> Send:
-    """A one-call reply behind the fence."""
-    async def fenced(text: str) -> None:
-        left, _ = await fence.check()
+def _retrieved(future: asyncio.Future[list[Any]]) -> None:
+    if not future.cancelled():
+        future.exception()  # read: asyncio logs none as "never retrieved"
+
+
+class FencedSend:
+    """A one-call reply behind the fence. ``prepare`` (called by ``delivery.deliver`` right
+    before it asks the limiter) queues the fence's question then, so that it shares the
+    limiter's round trip: the check is as close to the platform call as when asked after
+    the limiter (closer by that round trip); a limiter that made the send wait has it asked
+    again."""
+
+    def __init__(self, fence: Fence, send: Send) -> None:
+        self.fence = fence
+        self.send = send
+        self._asked: asyncio.Future[list[Any]] | None = None
+
+    def prepare(self) -> None:
+        self._asked = self.fence.ask()
+
+    async def __call__(self, text: str) -> None:
+        asked, self._asked = self._asked, None  # each answer is read by one call at most
+        left, _ = await self.fence.check(asked)
         if left:
             return
-        await send(text)
-        fence.mark_sent()
+        await self.send(text)
+        self.fence.mark_sent()
 
-    return fenced
+
+def fenced_send(fence: Fence, send: Send) -> Send:
+    """A one-call reply behind the fence."""
+    return FencedSend(fence, send)
 
 
 class FencedLive:

@@ -230,16 +230,21 @@ class Inbox:
             self._moved.pop(chat, None)
         return lost
 
-    async def before_send(self, chat: str, token: str) -> tuple[bool, str]:
+    async def before_send(self, chat: str, token: str,
+                          asked: asyncio.Future[list[Any]] | None = None) -> tuple[bool, str]:
         """(we still hold the chat, what ``mark_sent`` recorded about the head's reply or
-        ""), in one round trip."""
-        shard = self.shard(chat)
-        owner, sent = await self.auto.batch([("HGET", shard.owners, chat),
-                                             ("HGET", shard.sent, chat)])
+        ""), in one round trip; ``asked``: the answer of ``before_send_soon``, queued ahead."""
+        owner, sent = await (self.before_send_soon(chat) if asked is None else asked)
         for reply in (owner, sent):
             if isinstance(reply, Exception):
                 raise reply
         return _text(owner or "") == token, _text(sent or "")
+
+    def before_send_soon(self, chat: str) -> asyncio.Future[list[Any]]:
+        """Queue ``before_send``'s question now, with whatever else the caller queues in this
+        turn of the loop (one round trip for them all); its raw replies."""
+        shard = self.shard(chat)
+        return self.auto.submit([("HGET", shard.owners, chat), ("HGET", shard.sent, chat)])
 
     async def mark_sent(self, chat: str, value: str) -> None:
         """Record how far the head's reply got (the consumer's fence writes the head's

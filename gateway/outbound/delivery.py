@@ -98,9 +98,15 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
     ``db`` records the dead letter: pass the connection the caller already holds (asking
     the pool for a second one while holding one can wait forever when the pool is full)."""
     failures = rate_limited = 0
+    # A send that asks a store of its own before the platform call (the inbox fence:
+    # ``FencedSend.prepare``) has it asked with the limiter's buckets, in one round trip.
+    prepare: Callable[[], None] | None = getattr(send, "prepare", None)
     while True:
         try:
-            await admit(limiter, limits)
+            if prepare is not None:
+                prepare()
+            if not await admit(limiter, limits) and prepare is not None:
+                prepare()  # the buckets made it wait (or may have): asked again, now
             await send(text)
             return True
         except (asyncio.CancelledError, StoreOutage):
@@ -127,22 +133,26 @@ async def deliver(db: Db, limiter: Limiter, limits: list[tuple[str, Rate]],
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
 
-async def admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> None:
+async def admit(limiter: Limiter, limits: list[tuple[str, Rate]]) -> bool:
     """Wait for every platform bucket; an unreachable limiter store is a ``StoreOutage``.
+    True when admitted by the first round trip (or no bucket), without waiting.
 
     Every bucket is asked at once first (one round trip): the usual case, all admitted, ends
     there. When one refuses, those that admitted are given back and the buckets are taken one
     after the other, each waited for, as if that first try had not happened (one unit per
     bucket per send either way)."""
+    if not limits:
+        return True
     try:
         if len(limits) > 1:
             decisions = await limiter.check_each(
                 [(name, rate.rate, rate.period, rate.burst) for name, rate in limits])
             if all(decision.admitted for decision in decisions):
-                return
+                return True
             for decision in decisions:
                 await limiter.give_back(decision)
         for name, rate in limits:
             await limiter.acquire(name, rate=rate.rate, period=rate.period, burst=rate.burst)
+        return False
     except UNREACHABLE as exc:
         raise StoreOutage(f"rate limiter: {type(exc).__name__}") from exc
