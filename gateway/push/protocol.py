@@ -51,6 +51,10 @@ def covers(pattern: str, requested: str) -> bool:
     return pattern == requested
 
 
+# json.dumps(..., separators=(",", ":")) builds an encoder per call; this one is built once.
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode
+
+
 @dataclass(frozen=True)
 class FeedRow:
     topic: str
@@ -76,7 +80,7 @@ class FeedRow:
     @functools.cached_property
     def wire(self) -> str:
         """``to_json()`` as compact JSON text, encoded once however many streams send it."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
+        return _COMPACT(self.to_json())
 
 
 MAX_CURSOR_CHARS = 16384
