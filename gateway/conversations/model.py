@@ -9,6 +9,7 @@ from gateway import keys
 
 PLATFORMS = ("telegram", "slack", "mattermost")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_TEXT_FIELDS = ("chat", "thread", "user_id", "user_name", "text", "message_id", "team")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,12 @@ class Incoming:
     def __post_init__(self) -> None:
         # PostgreSQL text holds neither NUL nor a lone surrogate: such a message would be
         # acknowledged and then never stored. Keep it, with those characters replaced.
-        for name in ("chat", "thread", "user_id", "user_name", "text", "message_id", "team"):
+        # A field is set only when it changes (an inbox entry builds one again as it is
+        # decoded, from fields made storable already).
+        for name in _TEXT_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, storable(value))
+            if isinstance(value, str) and (fixed := storable(value)) is not value:
+                object.__setattr__(self, name, fixed)
         if self.platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {', '.join(PLATFORMS)}")
         if not self.chat:

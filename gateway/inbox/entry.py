@@ -16,6 +16,8 @@ from gateway.conversations.model import Incoming
 
 VERSION = 1
 _INCOMING_FIELDS = tuple(f.name for f in dataclasses.fields(Incoming))
+# json.dumps with these options builds an encoder per call; this one is built once.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 
 
 class BadEntry(ValueError):
@@ -31,9 +33,7 @@ class Entry:
         # Incoming's fields are all str or None: a shallow dict is ``asdict``'s result,
         # without its recursive deep copy (a third of the encoding's time).
         incoming = {name: getattr(self.incoming, name) for name in _INCOMING_FIELDS}
-        return json.dumps({"v": VERSION, "incoming": incoming,
-                           "route": self.route}, separators=(",", ":"), sort_keys=True,
-                          ensure_ascii=False)
+        return _ENCODE({"v": VERSION, "incoming": incoming, "route": self.route})
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Entry:
