@@ -3,9 +3,9 @@
 redis-py spends ~70 µs of client CPU per command sent alone (measured on a 2-core VM), which
 caps a handler that sends one command per request at about a quarter of a bare aiohttp
 handler's rate. ``AutoPipeline`` collects every batch submitted during one turn of the event
-loop (and while the previous flush is on the wire), writes them to one pooled connection in
-one packed write, and hands each caller its own slice of the replies. It is the idea of
-ioredis' ``enableAutoPipelining``; redis-py has none, hence this module.
+loop, writes them to one pooled connection in one packed write (up to ``MAX_IN_FLIGHT``
+flushes ahead of their replies), and hands each caller its own slice of the replies. It is
+the idea of ioredis' ``enableAutoPipelining``; redis-py has none, hence this module.
 
 It talks to the connection directly (``send_packed_command`` / ``read_response``, commands
 packed by ``hiredis.pack_command``) rather than through ``Pipeline``: one timeout for the
