@@ -3,9 +3,10 @@
 one per call). Each caller still waits for its own row's commit, so a call returns only once
 its row is stored, as with one statement per row; a batch forms from the rows submitted while
 the previous one is on the wire, so nothing waits for a timer. Batches that follow each other
-share one pooled connection: one acquire and one session reset (a round trip of its own) for
-the run, not per statement, and each batch's callers are answered as soon as its statement
-returns, not after the reset.
+share one pooled connection: one acquire for the run, not per statement, and each batch's
+callers are answered as soon as its statement returns. A run leaves nothing in the session
+(plain autocommitted INSERTs), so the pool's reset (a round trip of its own) is skipped at its
+release (``GatewayConnection.leave_clean``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 from typing import Any
 
 import asyncpg
+
+from gateway.stores.postgres import GatewayConnection
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,8 @@ class RowWriter:
                             if not self._pending:
                                 break
                             taken = self._take()
+                        if isinstance(conn, GatewayConnection):  # INSERTs leave no state
+                            conn.leave_clean()
                 except BaseException as exc:  # the batch not answered yet gets the error;
                     # the next one takes a connection of its own
                     _answer(taken, exc)

@@ -34,6 +34,7 @@ from gateway.providers.client import Usage
 from gateway.providers.errors import Budget, OverBudget
 from gateway.providers.rows import RowWriter
 from gateway.providers.sums import Key, Sums
+from gateway.stores.postgres import GatewayConnection
 from gateway.stores.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,15 @@ class UsageLedger:
         self.rows = RowWriter(pool)
 
     async def _read_total(self) -> int:
-        return int(await self.pool.fetchval(_TOTAL))
+        async with self.pool.acquire() as conn:
+            total = await conn.fetchval(_TOTAL)
+            _leave_clean(conn)
+        return int(total)
 
     async def _read_sums(self, chats: list[str], accounts: list[str]) -> dict[Key, int]:
-        rows = await self.pool.fetch(_SUMS, chats, accounts)
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_SUMS, chats, accounts)
+            _leave_clean(conn)
         return {(kind, name): int(used) for kind, name, used in rows}
 
     async def check(self, charge: Charge) -> None:
@@ -154,10 +160,18 @@ class UsageLedger:
 
     async def stored(self, written: asyncio.Future[None], kind: str, provider: str) -> None:
         """Wait for a row ``submit`` queued; a failed write is logged, as in ``record``."""
-        try:
-            await asyncio.shield(written)
+        try:  # not shielded: a caller cancelled here leaves its row queued, written all the
+            # same (the batch answers only futures not done yet)
+            await written
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
+
+
+def _leave_clean(conn: asyncpg.Connection) -> None:
+    """A read alone leaves nothing in the session: the pool's reset (a round trip) is
+    skipped when the connection goes back."""
+    if isinstance(conn, GatewayConnection):
+        conn.leave_clean()
 
 
 def start_of_day(days_back: int = 0) -> datetime:
