@@ -36,7 +36,7 @@ from gateway.push import feed
 from gateway.push.protocol import FeedRow
 from gateway.ratelimit import Limiter, Providers, platform_limits, provider_limits
 from gateway.stores.coalesce import AutoPipeline
-from gateway.stores.postgres import GatewayConnection
+from gateway.stores.postgres import leave_clean
 from gateway.stores.runtime import Runtime, chat_pipeline
 
 __all__ = ["ConversationService", "Incoming", "handle_incoming", "service_for"]
@@ -232,8 +232,8 @@ class ConversationService:
                                   incoming, shown, send, self.policy,
                                   conversation_id=conversation_id, seq=seq)
         await store.settle(conn, conversation_id, seq)
-        if last and isinstance(conn, GatewayConnection):
-            conn.leave_clean()
+        if last:
+            leave_clean(conn)
         return delivered
 
     async def _run_handler(self, conn: asyncpg.Connection, incoming: Incoming,

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.stores.postgres import GatewayConnection
+from gateway.stores.postgres import leave_clean
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,7 @@ class RowWriter:
                             if not self._pending:
                                 break
                             taken = self._take()
-                        if isinstance(conn, GatewayConnection):  # INSERTs leave no state
-                            conn.leave_clean()
+                        leave_clean(conn)  # INSERTs leave no session state
                 except BaseException as exc:  # the batch not answered yet gets the error;
                     # the next one takes a connection of its own
                     _answer(taken, exc)

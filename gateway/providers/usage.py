@@ -34,7 +34,7 @@ from gateway.providers.client import Usage
 from gateway.providers.errors import Budget, OverBudget
 from gateway.providers.rows import RowWriter
 from gateway.providers.sums import Key, Sums
-from gateway.stores.postgres import GatewayConnection
+from gateway.stores.postgres import leave_clean
 from gateway.stores.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
@@ -111,13 +111,13 @@ class UsageLedger:
     async def _read_total(self) -> int:
         async with self.pool.acquire() as conn:
             total = await conn.fetchval(_TOTAL)
-            _leave_clean(conn)
+            leave_clean(conn)  # a read alone leaves nothing in the session
         return int(total)
 
     async def _read_sums(self, chats: list[str], accounts: list[str]) -> dict[Key, int]:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(_SUMS, chats, accounts)
-            _leave_clean(conn)
+            leave_clean(conn)  # a read alone leaves nothing in the session
         return {(kind, name): int(used) for kind, name, used in rows}
 
     async def check(self, charge: Charge) -> None:
@@ -165,13 +165,6 @@ class UsageLedger:
             await written
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("usage row of a %s call to %s not written: %s", kind, provider, exc)
-
-
-def _leave_clean(conn: asyncpg.Connection) -> None:
-    """A read alone leaves nothing in the session: the pool's reset (a round trip) is
-    skipped when the connection goes back."""
-    if isinstance(conn, GatewayConnection):
-        conn.leave_clean()
 
 
 def start_of_day(days_back: int = 0) -> datetime:

@@ -35,7 +35,7 @@ import asyncpg
 from gateway.push import feed, metrics
 from gateway.push.channel import publish_bodies
 from gateway.push.protocol import FeedRow
-from gateway.stores.postgres import GatewayConnection
+from gateway.stores.postgres import leave_clean
 from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
@@ -96,8 +96,7 @@ class Sequencer:
                     statements.append(numbered)
                     if len(numbered) < PASS_ROWS:
                         break
-                if isinstance(conn, GatewayConnection):  # numbering leaves no session state
-                    conn.leave_clean()
+                leave_clean(conn)  # numbering leaves no session state
             await publish_bodies(self.cache, signalled(topic, statements))
             state.covered = max(state.covered, target)
             return statements

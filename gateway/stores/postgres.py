@@ -75,6 +75,13 @@ class GatewayConnection(asyncpg.Connection):
         return done and not self.is_in_transaction()
 
 
+def leave_clean(conn: asyncpg.Connection) -> None:
+    """``GatewayConnection.leave_clean`` for a borrower that may hold a plain connection (a
+    pool built elsewhere): there the release resets as usual."""
+    if isinstance(conn, GatewayConnection):
+        conn.leave_clean()
+
+
 def _queries(conn: asyncpg.Connection) -> int | None:
     # The count asyncpg's pool itself reads for max_queries; None (reset as usual) if a
     # later asyncpg has no such counter.
