@@ -60,10 +60,8 @@ def item_id_for(source: str, delivery_id: str) -> str:
 
 
 class Verified(NamedTuple):
-    source: str
     delivery_id: str
     payload: str  # the pipeline document, JSON-encoded
-    body: bytes  # as signed
     value: Any  # the parsed body
 
 
@@ -75,7 +73,7 @@ def _verified(request: web.Request, name: str, source: WebhookSource, body: byte
     # GitHub names the event in a header; the other schemes in the body ("type").
     event = request.headers.get("X-GitHub-Event") if source.scheme == "github" else None
     payload = webhook_payload(name, delivery_id, text, value, event)
-    return Verified(name, delivery_id, payload, body, value)
+    return Verified(delivery_id, payload, value)
 
 
 async def receive(request: web.Request) -> web.Response:

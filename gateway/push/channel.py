@@ -79,8 +79,12 @@ async def publish_signal(cache: AnyRedis, topic: str, offset: int, kind: str,
 async def publish_signals(cache: AnyRedis, signals: Sequence[Signal],
                           auto: AutoPipeline | None = None) -> bool:
     """PUBLISH each signal on its ``push:<topic>``; see ``publish_bodies``."""
-    return await publish_bodies(cache, [(signal[0], signal_body(*signal)) for signal in signals],
-                                auto)
+    return await publish_bodies(cache, signal_bodies(signals), auto)
+
+
+def signal_bodies(signals: Sequence[Signal]) -> list[tuple[str, str]]:
+    """(topic, signal body) of each signal, as ``publish_bodies`` and its ``_soon`` take."""
+    return [(signal[0], signal_body(*signal)) for signal in signals]
 
 
 async def publish_bodies(cache: AnyRedis, bodies: Sequence[tuple[str, str]],

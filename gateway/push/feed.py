@@ -25,9 +25,10 @@ import asyncpg
 
 from gateway.push.channel import (
     INLINE_ROW_MAX_CHARS,
+    Signal,
     publish_bodies_soon,
     publish_signals,
-    signal_body,
+    signal_bodies,
 )
 from gateway.push.protocol import FeedError, FeedRow, check_offset, check_topic
 from gateway.stores.coalesce import AutoPipeline
@@ -247,8 +248,7 @@ async def publish(cache: AnyRedis, row: FeedRow, auto: AutoPipeline | None = Non
 async def publish_many(cache: AnyRedis, rows: Sequence[FeedRow],
                        auto: AutoPipeline | None = None) -> None:
     """``publish`` for several committed rows, in one round trip."""
-    await publish_signals(cache, [(row.topic, row.offset, row.kind, row.epoch, row.wire)
-                                  for row in rows], auto)
+    await publish_signals(cache, _signals(rows), auto)
 
 
 def publish_soon(cache: AnyRedis, rows: Sequence[FeedRow], auto: AutoPipeline | None) -> bool:
@@ -258,9 +258,11 @@ def publish_soon(cache: AnyRedis, rows: Sequence[FeedRow], auto: AutoPipeline | 
     ``publish_many``."""
     if auto is None or auto.cluster:
         return False
-    return publish_bodies_soon(cache, [(row.topic, signal_body(row.topic, row.offset, row.kind,
-                                                                row.epoch, row.wire))
-                                       for row in rows], auto)
+    return publish_bodies_soon(cache, signal_bodies(_signals(rows)), auto)
+
+
+def _signals(rows: Sequence[FeedRow]) -> list[Signal]:
+    return [(row.topic, row.offset, row.kind, row.epoch, row.wire) for row in rows]
 
 
 async def append_and_publish(pool: asyncpg.Pool, cache: AnyRedis, topic: str, kind: str,
