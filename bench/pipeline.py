@@ -14,14 +14,16 @@ All runs use the same embedded redis-durable (flushed between runs). Also report
 memory per queued item. Figures are recorded in docs/performance.md.
 
     python bench/pipeline.py [--items 5000] [--concurrency 2] [--batch 64] [--peer-concurrency 50]
-                             [--rounds 1] [--costs] [--no-peers]
+                             [--rounds 1] [--costs] [--commandstats] [--no-peers]
 
 ``--rounds N`` runs gateway, bare, bare-batch, saq and arq N times interleaved, each round
 starting at the next runner (each round's rates, gateway ÷ each runner and load are printed;
 the medians over the rounds are the figures); every gateway run also prints its CPU per
 item (this process, the Redis servers, PostgreSQL), which other load moves far less than
 the rates. ``--costs`` adds a gateway run with ``bench/pipeline_costs.py``'s accounting: per
-stage, the worker's CPU and its round trips to each store per item.
+stage, the worker's CPU and its round trips to each store per item. ``--commandstats`` prints
+redis-durable's ``INFO commandstats`` per item of every gateway run (each command's time and
+calls, those a script makes included, inside the script's own).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline_costs
-from bench.ingest import cpu_seconds
+from bench.ingest import cpu_seconds, print_stats, reset_stats
 from bench.scale import tree_cpu
 from gateway.app.worker import run_workers
 from gateway.config import Settings
@@ -97,8 +99,10 @@ def store_cpu(servers: list[Any]) -> tuple[float, float]:
 
 
 async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int,
-                      servers: list[Any]) -> tuple[float, tuple[float, float, float]]:
-    """Seconds for n items, and CPU µs per item of (this process, Redis, PostgreSQL)."""
+                      servers: list[Any], commandstats: bool = False,
+                      ) -> tuple[float, tuple[float, float, float]]:
+    """Seconds for n items, and CPU µs per item of (this process, Redis, PostgreSQL);
+    ``commandstats``: redis-durable's commands per item printed."""
     runtime = await open_runtime(settings, pg_max_size=min(4 * concurrency, 40) + 2)
     try:
         await _reset(runtime)
@@ -106,6 +110,8 @@ async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int,
         stop = asyncio.Event()
         config = WorkerConfig(lease=90, heartbeat=30, reclaim_interval=60, idle_max=0.05,
                               batch=batch)
+        if commandstats:
+            reset_stats(settings.durable_url)
         cpu_before = (time.process_time(), *store_cpu(servers))
         started = time.perf_counter()
         task = asyncio.create_task(run_workers(
@@ -115,6 +121,8 @@ async def run_gateway(settings: Settings, n: int, concurrency: int, batch: int,
         elapsed = time.perf_counter() - started
         cpu = tuple(1e6 * (after - before) / n for after, before in
                     zip((time.process_time(), *store_cpu(servers)), cpu_before, strict=True))
+        if commandstats:
+            print_stats(settings.durable_url, "gateway", n)
         stop.set()
         await task
         journaled = await runtime.pg.fetchval("SELECT count(*) FROM pipeline_journal")
@@ -285,7 +293,8 @@ def _timed_gateway(settings: Settings, args: argparse.Namespace, servers: list[A
                    cpus: list[tuple[float, float, float]]) -> float:
     """Seconds of one gateway run; its CPU per item is appended to ``cpus``."""
     seconds, cpu = asyncio.run(
-        run_gateway(settings, args.items, args.concurrency, args.batch, servers))
+        run_gateway(settings, args.items, args.concurrency, args.batch, servers,
+                    args.commandstats))
     cpus.append(cpu)
     return seconds
 
@@ -311,6 +320,9 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--costs", action="store_true",
                         help="one more gateway run with per-stage CPU and round trips")
+    parser.add_argument("--commandstats", action="store_true",
+                        help="print redis-durable's INFO commandstats per item of each "
+                             "gateway run")
     parser.add_argument("--memory-only", action="store_true",
                         help="only the memory-per-item measurement")
     args = parser.parse_args()

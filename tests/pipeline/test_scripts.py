@@ -363,3 +363,69 @@ async def test_complete_with_a_wrong_class_list_changes_nothing(runtime):
     assert await durable.hexists(inflight_key("store"), "a")
     assert await queue.complete(durable, lease) is queue.LeaseResult.OK
     assert await ready_items(durable, "chunk") == ["a"]
+
+
+async def test_an_item_listed_twice_is_leased_once_per_fetch(runtime):
+    """FETCH reads a batch's metas in one go before it writes any: an item with a second
+    (stale) entry in its list is still leased once, and the entry is dropped."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    await queue.enqueue(durable, "b", DOC)
+    entry_a = (await durable.lrange(ready_class_key("store", 100), 0, 0))[0]
+    await durable.rpush(ready_class_key("store", 100), entry_a)  # a, b, a again
+    leases = await queue.fetch_many(durable, "store", "w", 60_000, 3)
+    assert [lease.item_id for lease in leases] == ["a", "b"]
+    assert await durable.hlen(inflight_key("store")) == 2
+    assert await ready_items(durable, "store") == []
+    assert await queue.complete_many(durable, leases) == [queue.LeaseResult.OK] * 2
+    assert await ready_items(durable, "chunk") == ["a", "b"]
+
+
+async def test_complete_answers_an_item_named_twice_once(runtime):
+    """A COMPLETE call naming one item twice completes it once: the second answer is
+    NOT_LEASED, as if the two were sent one after the other."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    await queue.enqueue(durable, "b", DOC)
+    a, b = await queue.fetch_many(durable, "store", "w", 60_000, 2)
+    assert await queue.complete_many(durable, [a, b, a]) == [
+        queue.LeaseResult.OK, queue.LeaseResult.OK, queue.LeaseResult.NOT_LEASED]
+    assert await ready_items(durable, "chunk") == ["a", "b"]
+    assert await durable.hget(keys.q("stats", "store"), "completed") == "2"
+    assert await durable.hget(keys.q("stats", "chunk"), "enqueued") == "2"
+
+
+async def test_a_wrong_class_fails_the_whole_batch_without_writes(runtime):
+    """Every check of a batched COMPLETE comes before its first write: one item whose class
+    has no list in the call leaves every item of the batch leased and untouched."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC)
+    await queue.enqueue(durable, "b", DOC)
+    leases = await queue.fetch_many(durable, "store", "w", 60_000, 2)
+    raw = await durable.hget(meta_key(), "b")
+    await durable.hset(meta_key(), "b", raw.replace("|100|0|", "|100|1|", 1))  # no class 99
+    with pytest.raises(redis.exceptions.ResponseError, match="no ready list for class"):
+        await queue.complete_many(durable, leases)
+    assert await durable.hlen(inflight_key("store")) == 2
+    assert await durable.zcard(deadline_key("store")) == 2
+    assert await ready_items(durable, "chunk") == []
+    assert (await durable.hget(meta_key(), "a")).startswith("store|r|")
+    assert await durable.hget(keys.q("stats", "store"), "completed") is None
+
+
+async def test_batches_past_luas_unpack_limit(runtime):
+    """FETCH and COMPLETE pass a batch's items to one command each, in parts of at most
+    4,000 arguments (Lua's unpack stops at 8,000 values): a batch of 2,500 items (5,000
+    field-value arguments) is leased and completed whole."""
+    durable = runtime.durable
+    async with durable.pipeline(transaction=False) as pipe:
+        for i in range(2500):
+            await queue_add(pipe, f"i{i:04d}", DOC)
+        await pipe.execute()
+    leases = await queue.fetch_many(durable, "store", "w", 60_000, 3000)
+    assert [lease.item_id for lease in leases] == [f"i{i:04d}" for i in range(2500)]
+    assert await durable.hlen(inflight_key("store")) == 2500
+    assert await queue.complete_many(durable, leases) == [queue.LeaseResult.OK] * 2500
+    assert await durable.hlen(inflight_key("store")) == 0
+    assert await durable.llen(ready_class_key("chunk", 100)) == 2500
+    assert (await ready_items(durable, "chunk"))[:2] == ["i0000", "i0001"]

@@ -6,33 +6,87 @@
 -- Returns 1, or -1 (no lease) / -2 (another token holds it); with more items (leased under
 -- the same token: one FETCH's batch), a list of those answers, one per item in ARGV order,
 -- each item completed as if alone (the next stage's keys then hold all of its ready lists).
-local function complete(item)
-local code = check_lease(KEYS[1], item, ARGV[2])
-if code ~= 1 then return code end
-local m, list = nil, nil
-if ARGV[3] ~= '' then
-  m = meta_get(KEYS[3], item)
-  list = class_list(6, m)  -- before any write: a wrong class key fails without side effects
+-- The batch is read and written by a few commands for all of its items (one HMGET of the
+-- leases and one of the metas, one HDEL, ZREM, HSET, and one RPUSH per class list), and
+-- every item of one call is scored with one TIME: a command per item each would cost most
+-- of the script's time. Every read and check comes before the first write, so a wrong
+-- class key fails the whole call without side effects.
+-- held_release for a batch: one read and one HDEL for all, one HINCRBY per class.
+local function held_release_many(key, done)
+  local entries = call_many('HMGET', key, done)
+  local gone, costs, classes, total = {}, {}, {}, 0
+  for i = 1, #done do
+    if entries[i] then
+      local class, cost = string.match(entries[i], '^(.*)|(%d+)$')
+      gone[#gone + 1] = done[i]
+      if not costs[class] then
+        costs[class] = 0
+        classes[#classes + 1] = class
+      end
+      costs[class] = costs[class] + tonumber(cost)
+      total = total + tonumber(cost)
+    end
+  end
+  if #gone == 0 then return end
+  call_many('HDEL', key, gone)
+  for _, class in ipairs(classes) do
+    redis.call('HINCRBY', key, 'bytes ' .. class, -costs[class])
+  end
+  redis.call('HINCRBY', key, HELD_ALL, -total)
 end
-redis.call('HDEL', KEYS[1], item)
-redis.call('ZREM', KEYS[2], item)
-redis.call('HINCRBY', KEYS[4], 'completed', 1)
-if not m then
-  redis.call('HDEL', KEYS[3], item)
-  if KEYS[5] then held_release(KEYS[5], item) end
-  return 1
+
+local token, after = ARGV[2], ARGV[3]
+local items = {ARGV[1]}
+for i = 6, #ARGV do items[#items + 1] = ARGV[i] end
+local held = call_many('HMGET', KEYS[1], items)
+local codes, done, seen = {}, {}, {}
+for i, item in ipairs(items) do
+  local raw = held[i]
+  if seen[item] or not raw then
+    codes[i] = -1  -- nobody holds it (or it was completed earlier in this call)
+  elseif string.match(raw, '^([^|]*)|') ~= token then
+    codes[i] = -2
+  else
+    codes[i] = 1
+    seen[item] = true
+    done[#done + 1] = item
+  end
 end
-m.stage = ARGV[3]
-m.status = 'q'
-m.failures = 0
-m.reclaims = 0
-if ARGV[5] == '1' then m.payload = '' end
-meta_put(KEYS[3], item, m)
-redis.call('RPUSH', list, score(m, now_ms(), tonumber(ARGV[4])) .. '|' .. item)
-redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
-return 1
+if #done > 0 then
+  local puts, pushes, order = {}, {}, {}
+  if after ~= '' then
+    local raws = call_many('HMGET', KEYS[3], done)
+    local lists = {}  -- class -> its list key
+    local stamp = (now_ms() - tonumber(ARGV[4])) / 1000000
+    local drop = ARGV[5] == '1'
+    for i, item in ipairs(done) do
+      local _, _, base, bonus, _, _, prio, payload = meta_fields(raws[i])
+      local cls = tonumber(base) - tonumber(bonus)
+      local list = lists[cls]
+      if not list then
+        list = class_key(6, cls)
+        lists[cls] = list
+        pushes[list] = {}
+        order[#order + 1] = list
+      end
+      local entries = pushes[list]
+      entries[#entries + 1] = string.format('%.6f', cls + stamp) .. '|' .. item
+      puts[#puts + 1] = item
+      puts[#puts + 1] = after .. '|q|' .. base .. '|' .. bonus .. '|0|0|' .. prio .. '|' ..
+                        (drop and '' or payload)
+    end
+  end
+  call_many('HDEL', KEYS[1], done)
+  call_many('ZREM', KEYS[2], done)
+  redis.call('HINCRBY', KEYS[4], 'completed', #done)
+  if after == '' then
+    call_many('HDEL', KEYS[3], done)
+    if KEYS[5] then held_release_many(KEYS[5], done) end
+  else
+    call_many('HSET', KEYS[3], puts)
+    for _, list in ipairs(order) do call_many('RPUSH', list, pushes[list]) end
+    redis.call('HINCRBY', KEYS[5], 'enqueued', #done)
+  end
 end
-if #ARGV <= 5 then return complete(ARGV[1]) end
-local out = {complete(ARGV[1])}
-for i = 6, #ARGV do out[#out + 1] = complete(ARGV[i]) end
-return out
+if #ARGV <= 5 then return codes[1] end
+return codes

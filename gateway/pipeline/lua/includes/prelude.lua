@@ -6,14 +6,30 @@
 -- base (10 once reclaimed); priority the base the item was submitted with, which names its
 -- priority in the journal. Entries written before priority existed have one field less
 -- (their payload is '' or JSON, never digits and '|'): their priority is their base.
+-- redis.call(cmd, key, unpack(args)) for a list of arguments of any length: in calls of at
+-- most CALL_ARGS of them (Lua's unpack stops at 8,000 values; an even count keeps field-value
+-- and score-member pairs together), list replies joined.
+local CALL_ARGS = 4000
+local function call_many(cmd, key, args)
+  if #args <= CALL_ARGS then return redis.call(cmd, key, unpack(args)) end
+  local out = {}
+  for i = 1, #args, CALL_ARGS do
+    local reply = redis.call(cmd, key, unpack(args, i, math.min(i + CALL_ARGS - 1, #args)))
+    if type(reply) == 'table' then
+      for j = 1, #reply do out[#out + 1] = reply[j] end
+    end
+  end
+  return out
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function meta_get(key, item)
-  local raw = redis.call('HGET', key, item)
-  if not raw then return nil end
+-- A meta value's fields as strings: stage, status, base, bonus, failures, reclaims, priority,
+-- payload (the scripts that handle a batch of items read them without the table of meta_get).
+local function meta_fields(raw)
   local st, s, base, bonus, f, r, prio, payload = string.match(
     raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(%d+)|(.*)$')
   if not st then
@@ -21,6 +37,13 @@ local function meta_get(key, item)
       string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$')
     prio = base
   end
+  return st, s, base, bonus, f, r, prio, payload
+end
+
+local function meta_get(key, item)
+  local raw = redis.call('HGET', key, item)
+  if not raw then return nil end
+  local st, s, base, bonus, f, r, prio, payload = meta_fields(raw)
   return {stage = st, status = s, base = tonumber(base), bonus = tonumber(bonus),
           failures = tonumber(f), reclaims = tonumber(r), priority = tonumber(prio),
           payload = payload}
@@ -41,61 +64,20 @@ end
 -- first. Every insertion is scored with the current TIME, so each list is sorted by score.
 -- The class lists are the LAST keys of a script, KEYS[first..#KEYS]; a class's list is the
 -- one whose name ends in ":<base - bonus>".
-local function class_list(first, m)
-  local want = ':' .. (m.base - m.bonus)
+local function class_key(first, cls)
+  local want = ':' .. cls
   for i = first, #KEYS do
     if string.sub(KEYS[i], -#want) == want then return KEYS[i] end
   end
   error('no ready list for class ' .. want)
 end
 
+local function class_list(first, m)
+  return class_key(first, m.base - m.bonus)
+end
+
 local function ready_push(first, m, now, epoch, item)
   redis.call('RPUSH', class_list(first, m), score(m, now, epoch) .. '|' .. item)
-end
-
-local function ready_head(l)
-  local entry = l.entries[l.pos]
-  if not entry then
-    l.item = nil
-    return
-  end
-  local s, item = string.match(entry, '^([^|]*)|(.*)$')
-  l.score, l.item = tonumber(s), item
-end
-
--- Pop up to `count` items in score order: a merge of the class lists' first `count` entries
--- (equal scores: the earlier list in KEYS, i.e. the lower class, first; no string compare,
--- which in Lua would follow the server's locale), then one LTRIM per list that gave any.
--- `take(item)`, if given, is asked about each item in turn before it is popped: false
--- leaves it, and everything after it, in its list and ends the pop.
-local function ready_pop(first, count, take)
-  local lists = {}
-  for i = first, #KEYS do
-    local entries = redis.call('LRANGE', KEYS[i], 0, count - 1)
-    if #entries > 0 then
-      local l = {key = KEYS[i], entries = entries, pos = 1}
-      ready_head(l)
-      lists[#lists + 1] = l
-    end
-  end
-  local out = {}
-  while #out < count do
-    local best = nil
-    for _, l in ipairs(lists) do
-      if l.item and (best == nil or l.score < best.score) then
-        best = l
-      end
-    end
-    if not best then break end
-    if take and not take(best.item) then break end
-    out[#out + 1] = best.item
-    best.pos = best.pos + 1
-    ready_head(best)
-  end
-  for _, l in ipairs(lists) do
-    if l.pos > 1 then redis.call('LTRIM', l.key, l.pos - 1, -1) end
-  end
-  return out
 end
 
 -- Lease value: "token|worker|started_ms". Answers 1 when `token` holds it, -1 when nobody
