@@ -17,7 +17,7 @@ from gateway.access import apikeys
 from gateway.access.principal import parse_scopes
 from gateway.pipeline import deadletter, queue
 from gateway.pipeline.scripts import scripts_for
-from gateway.pipeline.stages import STAGES, held_key
+from gateway.pipeline.stages import STAGES, held_key, meta_key, quota_key
 from gateway.stores.runtime import Runtime, open_runtime
 from gateway.web.app import create_app
 from tests.inbound.webhook_helpers import body_of, standard
@@ -139,3 +139,24 @@ async def test_held_bytes_are_given_back_when_items_finish_or_are_purged(
     assert (int(held["bytes jobs"]), int(held["bytes *"])) == (0, 0)
     assert set(held) == {"bytes jobs", "bytes *"}  # no item entry left
 
+
+
+async def test_adds_keep_the_held_and_quota_sums_exact(runtime: Runtime) -> None:
+    """ADD writes each sum with its entry in one HSET (read, then written, in one script): the
+    sums stay the totals of the entries, and a held entry left by an earlier run of the same
+    id (its meta gone, its cost not given back) is counted once, not twice."""
+    durable = runtime.durable
+    jobs = queue.AdmissionClass("jobs", 0)
+    owner = queue.Quota("sums", 0, 10**9)
+    for item, size in (("sum-1", 3000), ("sum-2", 100)):
+        keys, args = queue.add_call(item, {"text": "y" * size}, admission=jobs, quota=owner)
+        assert await scripts_for(durable).add(keys=keys, args=args) == 1
+    quota = await durable.hgetall(quota_key("sums"))
+    assert int(quota["~bytes"]) == int(quota["sum-1"]) + int(quota["sum-2"]) == 3011 + 111
+    await durable.hdel(meta_key(), "sum-1")  # as if it left without giving its cost back
+    keys, args = queue.add_call("sum-1", {"text": "y" * 3000}, admission=jobs, quota=owner,
+                                force=True)
+    assert await scripts_for(durable).add(keys=keys, args=args) == 1
+    held = await durable.hgetall(held_key())
+    costs = [int(held[item].split("|")[1]) for item in ("sum-1", "sum-2")]
+    assert int(held["bytes jobs"]) == int(held["bytes *"]) == sum(costs) == 3584 + 624

@@ -35,21 +35,22 @@ if ARGV[6] ~= '1' and first then return 0 end
 if redis.call('HEXISTS', KEYS[2], item) == 1 then return 0 end
 local class = ARGV[12] or ''
 local cost = item_cost(#ARGV[2])
-if class ~= '' then
+local held = class ~= '' and held_read(KEYS[6], class, item)
+if held then
   local limit = tonumber(ARGV[13])
-  if limit > 0 and tonumber(redis.call('HGET', KEYS[6], HELD_ALL) or '0') + cost > limit then
-    return -4
-  end
+  if limit > 0 and tonumber(held[1] or '0') + cost > limit then return -4 end
 end
 local max_items, max_bytes = tonumber(ARGV[10]), tonumber(ARGV[11])
 if (max_items > 0 or max_bytes > 0)
     and not quota_take(KEYS[5], KEYS[2], item, #ARGV[2], max_items, max_bytes) then
   return -3
 end
-if class ~= '' then held_take(KEYS[6], class, item, cost, 0) end
+if held then held_take(KEYS[6], class, item, cost, held) end
 if not first then redis.call('HSET', KEYS[1], item, now) end
-local m = {stage = ARGV[7], status = 'q', base = tonumber(ARGV[3]), bonus = tonumber(ARGV[4]),
-           failures = 0, reclaims = 0, priority = tonumber(ARGV[3]), payload = ARGV[2]}
+-- The meta's numbers as text, as ARGV gives them (integers, from add_call): meta_put joins
+-- them as they are instead of formatting five numbers back into text (~5 % of the script).
+local m = {stage = ARGV[7], status = 'q', base = ARGV[3], bonus = ARGV[4],
+           failures = '0', reclaims = '0', priority = ARGV[3], payload = ARGV[2]}
 meta_put(KEYS[2], item, m)
 ready_push(4, m, now, tonumber(ARGV[8]), item)
 redis.call('HINCRBY', KEYS[3], 'enqueued', 1)

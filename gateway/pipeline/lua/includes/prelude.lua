@@ -140,8 +140,9 @@ local function quota_take(quota, meta, item, size, max_items, max_bytes)
     if total > 0 then redis.call('HSET', quota, QUOTA_BYTES, total) end
     if not fits() then return false end
   end
-  redis.call('HSET', quota, item, size)
-  redis.call('HINCRBY', quota, QUOTA_BYTES, size)
+  -- One call for the entry and the sum: the script is atomic, so the sum read above and
+  -- written here is an increment.
+  redis.call('HSET', quota, item, size, QUOTA_BYTES, total + size)
   return true
 end
 
@@ -160,8 +161,6 @@ local function item_cost(size)
   return math.ceil(size / step) * step + ITEM_OVERHEAD
 end
 
--- Takes `cost` for `item` under `class` and answers true, or answers false (nothing written)
--- when everything held would pass `limit` (0: no limit, only counted).
 -- The item leaves the pipeline: its class gets its cost back (nothing when it had none).
 local function held_release(held, item)
   local entry = redis.call('HGET', held, item)
@@ -172,14 +171,19 @@ local function held_release(held, item)
   redis.call('HINCRBY', held, HELD_ALL, -tonumber(cost))
 end
 
-local function held_take(held, class, item, cost, limit)
-  -- The total is read only for a limit: ADD checks its class's limit itself and passes 0.
-  if limit > 0 and tonumber(redis.call('HGET', held, HELD_ALL) or '0') + cost > limit then
-    return false
+-- What ADD needs of the held hash, in one call: {everything held, `class`'s sum, `item`'s
+-- own entry}, each false when absent.
+local function held_read(held, class, item)
+  return redis.call('HMGET', held, HELD_ALL, 'bytes ' .. class, item)
+end
+
+-- Takes `cost` for `item` under `class`, given held_read's answer `h`: the entry and both
+-- sums in one HSET (the script is atomic, so a sum read and written is an increment).
+local function held_take(held, class, item, cost, h)
+  if h[3] then  -- an entry left by an earlier run of the id is not counted twice
+    held_release(held, item)
+    h = held_read(held, class, item)
   end
-  held_release(held, item)  -- an entry left by an earlier run of the id is not counted twice
-  redis.call('HSET', held, item, class .. '|' .. cost)
-  redis.call('HINCRBY', held, 'bytes ' .. class, cost)
-  redis.call('HINCRBY', held, HELD_ALL, cost)
-  return true
+  redis.call('HSET', held, item, class .. '|' .. cost, 'bytes ' .. class,
+             tonumber(h[2] or '0') + cost, HELD_ALL, tonumber(h[1] or '0') + cost)
 end
