@@ -119,7 +119,7 @@ class CoolingDown(LimitError):
 class Decision:
     """One attempt: admitted or not, how long to wait before retrying, and Redis's clock;
     ``cooling``: the wait is the group's cool-down's. A window's (``check``) also names its
-    limit, the attempt and the window's length: what ``give_back`` needs."""
+    limit and the attempt: what ``give_back`` needs."""
 
     admitted: bool
     wait: float
@@ -128,7 +128,6 @@ class Decision:
     slot_full: bool = False  # the wait is for one of the group's slots
     name: str = ""
     attempt: str = ""
-    window: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,7 @@ class _WindowCall:
             raise LimitError(f"cost {self.cost} can never fit {self.name}: limit {limit}, "
                              f"burst {min(int(self.burst), limit)}")
         return Decision(int(admitted) == 1, int(wait_us) / _MICRO, int(now_us) / _MICRO,
-                        name=self.name, attempt=self.attempt,
-                        window=whole_units(self.rate, self.period)[1])
+                        name=self.name, attempt=self.attempt)
 
 
 class Group:
@@ -194,11 +192,11 @@ class Group:
         if slot is not None:
             self.keys.append(group_slots_key(tag))
             self._slot_args = [int(slot.limit), round(slot.lease * _MICRO)]
-        # per window: amend.lua's keys (with the slots' for a release) and the window in µs
+        # per window: amend.lua's keys, and with the slots' for a release
         self._amends = {w.part: ([log_key, log_key + ":total"],
-                                 [log_key, log_key + ":total", group_slots_key(tag)], span)
-                        for w, log_key, (_, span) in zip(windows, self.keys[:2 * len(windows):2],
-                                                         self._spans, strict=True)}
+                                 [log_key, log_key + ":total", group_slots_key(tag)])
+                        for w, log_key in zip(windows, self.keys[:2 * len(windows):2],
+                                              strict=True)}
 
     def args(self, costs: Sequence[int], attempt: str, now: float | None) -> list[Any]:
         """windows.lua's arguments for one attempt at ``costs`` (one per window, in order)."""
@@ -214,8 +212,8 @@ class Group:
                    release: bool) -> tuple[list[str], list[Any]]:
         """amend.lua's keys and arguments: ``part``'s entry of ``attempt`` from cost ``old``
         to ``new`` (None: left), and with ``release`` the attempt's slot given back."""
-        keep, give_back, span = self._amends[part]
-        args: list[Any] = [attempt, old, "" if new is None else max(0, int(new)), span]
+        keep, give_back = self._amends[part]
+        args: list[Any] = [attempt, old, "" if new is None else max(0, int(new))]
         if release:
             args.append(attempt)
         return (give_back if release else keep), args
@@ -283,7 +281,7 @@ class Limiter:
             return
         log_key = window_key(decision.name)
         await self._run(self._amend, [log_key, log_key + ":total"],
-                        [decision.attempt, 1, 0, round(decision.window * _MICRO)])
+                        [decision.attempt, 1, 0])
 
     async def try_acquire(self, name: str, *, rate: float, period: float, burst: int = 1,
                           cost: int = 1) -> float:

@@ -146,6 +146,21 @@ async def test_concurrency_slots(runtime: Runtime) -> None:
     assert await limiter.try_slot("llm", "d", limit=2, lease=10, now=base + 11.5) == 0
 
 
+async def test_ended_leases_are_dropped_when_the_slots_fill(runtime: Runtime) -> None:
+    """An ended lease stays until the slots look full (while there is room, one ZCARD
+    answers), then counts for nothing: the members never exceed the limit."""
+    limiter = Limiter(runtime.durable)
+    slots, base = keys.rl("slots", "lazy"), 12_000_000.0
+    assert await limiter.try_slot("lazy", "a", limit=2, lease=10, now=base) == 0
+    assert await limiter.try_slot("lazy", "b", limit=2, lease=10, now=base + 11) == 0
+    assert await runtime.durable.zcard(slots) == 2  # a's ended lease is still there
+    assert await limiter.try_slot("lazy", "c", limit=2, lease=10, now=base + 12) == 0
+    assert sorted(await runtime.durable.zrange(slots, 0, -1)) == ["b", "c"]
+    # full of live leases: the next waits for b's to end (base + 21)
+    assert await limiter.try_slot("lazy", "d", limit=2, lease=10,
+                                  now=base + 13) == pytest.approx(8)
+
+
 async def test_slot_context_bounds_parallel_calls(runtime: Runtime) -> None:
     limiter = Limiter(runtime.durable)
     await limiter.release_slot("par", "nobody")  # first command outside the race (cluster)

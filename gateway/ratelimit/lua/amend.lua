@@ -6,18 +6,16 @@
 -- settlement and its slot in one script call).
 --
 -- KEYS[1], KEYS[2]  the log and its total; ARGV[1] the attempt id, ARGV[2] the old cost,
--- ARGV[3] the new cost (0 removes the entry; empty: no change), ARGV[4] the window µs (the
--- keys' expiry). KEYS[3] optional: the group's slots, whose member ARGV[5] is removed.
+-- ARGV[3] the new cost (0 removes the entry; empty: no change). KEYS[3] optional: the
+-- group's slots, whose member ARGV[4] is removed.
 -- Returns 1 if amended, 0 if not found (or not asked).
-local function amend(key, total_key, attempt, old_cost, new_cost, span)
+local function amend(key, total_key, attempt, old_cost, new_cost)
   local old_member = attempt .. ':' .. fmt(old_cost)
   local score = redis.call('ZSCORE', key, old_member)
   if not score then return 0 end
   redis.call('ZREM', key, old_member)
-  if new_cost > 0 then
-    redis.call('ZADD', key, score, attempt .. ':' .. fmt(new_cost))
-    redis.call('PEXPIRE', key, math.ceil(span / 1000) + 1)
-  end
+  -- The log's expiry, set at this entry's admission or a later one, already outlives it.
+  if new_cost > 0 then redis.call('ZADD', key, score, attempt .. ':' .. fmt(new_cost)) end
   local total = tonumber(redis.call('GET', total_key))
   if total ~= nil then
     total = total - old_cost + new_cost
@@ -29,7 +27,7 @@ end
 
 local done = 0
 if ARGV[3] ~= '' then
-  done = amend(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+  done = amend(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 end
-if KEYS[3] then redis.call('ZREM', KEYS[3], ARGV[5]) end
+if KEYS[3] then redis.call('ZREM', KEYS[3], ARGV[4]) end
 return done
