@@ -270,7 +270,7 @@ class AutoPipeline:
         try:
             async with asyncio.timeout(self.flush_timeout):
                 # No health check (a PING and its reply) behind replies not yet read.
-                await wire.conn.send_packed_command(packed, check_health=not wire.flights)
+                await _send(wire.conn, packed, check_health=not wire.flights)
         except Exception as exc:
             await wire.drop(exc)
             _fail(taken, exc)
@@ -498,6 +498,20 @@ class _Wire:
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()  # its read would fail on the closed socket anyway
         await self.conn.disconnect(nowait=True)
+
+
+async def _send(conn: Any, packed: bytes, *, check_health: bool) -> None:
+    """``send_packed_command`` without its ``asyncio.wait_for``, which makes a task of every
+    write (and the bytes leave a loop turn later): the flush has a timeout of its own. A
+    connection not connected yet, or due a health check, goes through redis-py."""
+    writer = conn._writer
+    if writer is None or not conn.is_connected or (
+            check_health and conn.health_check_interval
+            and asyncio.get_running_loop().time() > conn.next_health_check):
+        await conn.send_packed_command(packed, check_health=check_health)
+        return
+    writer.write(packed)
+    await writer.drain()  # at once unless the socket's buffer is full
 
 
 def _log_errors(replies: list[Any]) -> None:
