@@ -285,10 +285,14 @@ async def fetch_many(durable: AnyRedis, stage: str, worker: str, lease_ms: int,
 
 def _leases(reply: list[Any], stage: str, token: str, worker: str,
             tag: str) -> list[LeasedItem]:
+    """FETCH's answer: its Redis time, then per item its id, "base|bonus|failures|reclaims|
+    priority|" and its payload."""
+    started = int(reply[0])
     leases = []
-    for i in range(0, len(reply), 8):
-        item, started, payload, base, bonus, failures, reclaims, priority = reply[i:i + 8]
-        leases.append(LeasedItem(item, stage, token, worker, int(started),
+    for i in range(1, len(reply), 3):
+        item, head, payload = reply[i:i + 3]
+        base, bonus, failures, reclaims, priority = head.split("|", 5)[:5]
+        leases.append(LeasedItem(item, stage, token, worker, started,
                                  json.loads(payload) if payload else None,
                                  float(base), float(bonus), int(failures), int(reclaims),
                                  float(priority), tag))

@@ -108,12 +108,14 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             if not waiting:
                 assert reply is None
                 return
-            assert reply is not None and reply[0] in waiting
-            item = self.items[reply[0]]
-            assert (int(reply[5]), int(reply[6])) == (item.failures, item.reclaims)
+            # Its Redis time, then item, "base|bonus|failures|reclaims|priority|", payload.
+            assert reply is not None and reply[1] in waiting
+            item = self.items[reply[1]]
+            head = reply[2].split("|")
+            assert (int(head[2]), int(head[3])) == (item.failures, item.reclaims)
             # The payload stays until the item leaves the pipeline; FETCH hands it to the
             # store stage only.
-            assert (reply[2] != "") == (stage == "store")
+            assert (reply[3] != "") == (stage == "store")
             if item.token:
                 item.old_tokens.append(item.token)
             item.where, item.token, item.expired = "leased", token, short

@@ -429,3 +429,23 @@ async def test_batches_past_luas_unpack_limit(runtime):
     assert await durable.hlen(inflight_key("store")) == 0
     assert await durable.llen(ready_class_key("chunk", 100)) == 2500
     assert (await ready_items(durable, "chunk"))[:2] == ["i0000", "i0001"]
+
+
+async def test_metas_from_before_priority_was_kept(runtime):
+    """A meta written before it kept the submitted priority has one field less (its payload
+    '' or JSON): FETCH reads its priority as its base and COMPLETE writes it in today's
+    layout, its payload kept."""
+    durable = runtime.durable
+    await queue.enqueue(durable, "a", DOC, priority="high", doc_type="code")
+    await queue.enqueue(durable, "b", DOC, priority="high", doc_type="code")
+    await durable.hset(meta_key(), mapping={"a": 'store|q|50|3|2|1|{"text":"hello"}',
+                                            "b": "store|q|50|3|0|0|"})
+    a, b = await queue.fetch_many(durable, "store", "w", 60_000, 2)
+    assert (a.item_id, a.document, a.base, a.bonus, a.failures, a.reclaims,
+            a.priority_base) == ("a", DOC, 50, 3, 2, 1, 50)
+    assert (b.item_id, b.document, b.priority_base) == ("b", None, 50)
+    assert await durable.hget(meta_key(), "a") == 'store|r|50|3|2|1|50|{"text":"hello"}'
+    assert await queue.complete_many(durable, [a, b]) == [queue.LeaseResult.OK] * 2
+    assert await durable.hmget(meta_key(), ["a", "b"]) == [
+        'chunk|q|50|3|0|0|50|{"text":"hello"}', "chunk|q|50|3|0|0|50|"]
+    assert await ready_items(durable, "chunk") == ["a", "b"]

@@ -56,24 +56,40 @@ if #done > 0 then
   local puts, pushes, order = {}, {}, {}
   if after ~= '' then
     local raws = call_many('HMGET', KEYS[3], done)
-    local lists = {}  -- class -> its list key
+    local lists, scores = {}, {}  -- class -> its list key, its entries' score
     local stamp = (now_ms() - tonumber(ARGV[4])) / 1000000
     local drop = ARGV[5] == '1'
+    local queued = after .. '|q|'
     for i, item in ipairs(done) do
-      local _, _, base, bonus, _, _, prio, payload = meta_fields(raws[i])
+      local raw = raws[i]
+      -- base and bonus, and where "priority|payload" starts (failures and reclaims are
+      -- reset); an entry from before priority was kept, or a dropped payload, takes the
+      -- long way through every field.
+      local base, bonus, at
+      if not drop then
+        base, bonus, at = string.match(raw, '^[^|]*|[^|]*|([^|]*)|([^|]*)|[^|]*|[^|]*|()%d+|')
+      end
+      local meta
+      if at then
+        meta = queued .. base .. '|' .. bonus .. '|0|0|' .. string.sub(raw, at)
+      else
+        local _, _, b, bo, _, _, prio, payload = meta_fields(raw)
+        base, bonus = b, bo
+        meta = queued .. base .. '|' .. bonus .. '|0|0|' .. prio .. '|' .. (drop and '' or payload)
+      end
       local cls = tonumber(base) - tonumber(bonus)
       local list = lists[cls]
       if not list then
         list = class_key(6, cls)
         lists[cls] = list
+        scores[cls] = string.format('%.6f', cls + stamp) .. '|'
         pushes[list] = {}
         order[#order + 1] = list
       end
       local entries = pushes[list]
-      entries[#entries + 1] = string.format('%.6f', cls + stamp) .. '|' .. item
+      entries[#entries + 1] = scores[cls] .. item
       puts[#puts + 1] = item
-      puts[#puts + 1] = after .. '|q|' .. base .. '|' .. bonus .. '|0|0|' .. prio .. '|' ..
-                        (drop and '' or payload)
+      puts[#puts + 1] = meta
     end
   end
   call_many('HDEL', KEYS[1], done)
