@@ -103,6 +103,25 @@ async def test_provider_budget_counts_requests_tokens_and_concurrency(
             pass
 
 
+async def test_a_retried_group_attempt_is_answered_as_before_and_counted_once(
+        runtime: Runtime) -> None:
+    """A client's retry of an attempt that ran finds it by its entry in the longest window
+    (all went in at one instant), at every point of the shorter windows' lives."""
+    limiter = Limiter(runtime.durable)
+    short, long_ = Window("short", 5, 10.0, 1), Window("long", 50, 100.0, 2)
+    base = 13_000_000.0
+    assert (await limiter.check_all("retry", [short, long_], attempt="a", now=base)).admitted
+    assert (await limiter.check_all("retry", [short, long_], attempt="a",
+                                    now=base + 1)).admitted
+    # b's admission drops a's entry from the short window; a's retry is still a retry
+    assert (await limiter.check_all("retry", [short, long_], attempt="b",
+                                    now=base + 20)).admitted
+    assert (await limiter.check_all("retry", [short, long_], attempt="a",
+                                    now=base + 21)).admitted
+    assert await runtime.durable.get(group_key("retry", "long") + ":total") == "4"
+    assert await runtime.durable.get(group_key("retry", "short") + ":total") == "1"
+
+
 async def test_a_provider_call_takes_request_and_tokens_together_and_settles_its_tokens(
         runtime: Runtime) -> None:
     limiter = Limiter(runtime.durable)

@@ -34,11 +34,15 @@ for i = 1, n do
   w.member = id .. ':' .. fmt(w.cost)
   windows[i] = w
 end
--- A client retry of an attempt that already ran finds its entry: answer as before.
+-- A client retry of an attempt that already ran finds its entry: answer as before. Its
+-- entries went in together, at one instant: the one in the longest window is there as long
+-- as any is, so it alone is asked.
+local longest
 for _, w in ipairs(windows) do
-  if w.cost > 0 and redis.call('ZSCORE', w.key, w.member) then
-    return {1, '0', fmt(now), '0', '0'}
-  end
+  if w.cost > 0 and (longest == nil or w.span > longest.span) then longest = w end
+end
+if longest and redis.call('ZSCORE', longest.key, longest.member) then
+  return {1, '0', fmt(now), '0', '0'}
 end
 if cooldown_key then
   local deadline = tonumber(redis.call('GET', cooldown_key))
