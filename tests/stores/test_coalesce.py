@@ -132,6 +132,21 @@ async def test_callers_arriving_during_a_flush_go_out_before_its_replies(
 
 
 @pytest.mark.single_instance
+async def test_every_eager_at_callers_of_a_turn_are_written_at_once(runtime: Runtime) -> None:
+    """With the connection in use, the caller that completes a group of ``eager_at`` writes
+    the group itself, within its loop turn (Redis works on it while the turn goes on); the
+    rest go out with the flusher; every caller is answered in queue order."""
+    auto = AutoPipeline(runtime.durable, eager_at=3)
+    blocked = await _blocked(auto, "eager")
+    futures = [auto.submit([("INCR", COUNTER)]) for _ in range(7)]
+    assert auto.flushes == 3, "two groups of three written before this turn ended"
+    await _unblock(runtime, "eager")
+    assert await blocked == [f"{COUNTER}:eager", "go"]
+    assert [await f for f in futures] == [[n] for n in range(1, 8)]
+    assert auto.flushes == 4, "the seventh went out with the flusher"
+
+
+@pytest.mark.single_instance
 async def test_flushes_in_flight_take_at_most_max_batch_bytes_together(
         runtime: Runtime) -> None:
     """Redis holds what it has not run in its query buffer, counted in used_memory: the
