@@ -65,6 +65,7 @@ async def drain(url: str, n: int, batch: int, pid: int | None = None,
     (a callgrind server) and its ``out`` file, its instructions too."""
     from gateway.pipeline import queue
     from gateway.pipeline.stages import STAGES
+    from gateway.pipeline.worker import worker_id
     from gateway.stores import redis as redis_clients
     from tests.pipeline.helpers import queue_add
 
@@ -76,13 +77,14 @@ async def drain(url: str, n: int, batch: int, pid: int | None = None,
                 for i in range(start, min(n, start + 500)):
                     await queue_add(pipe, f"item-{i}", {"text": f"document {i}"})
                 await pipe.execute()
-        await queue.fetch_many(client, "graph", "bench", 90_000, 1)  # scripts loaded
+        worker = worker_id()  # its length decides the lease hash's encoding, as in a worker
+        await queue.fetch_many(client, "graph", worker, 90_000, 1)  # scripts loaded
         await client.config_resetstat()
         instructions(pid, out, zero=True)
         before = await client.info("cpu")
         cpu = time.process_time()
         for stage in STAGES:
-            while leases := await queue.fetch_many(client, stage, "bench", 90_000, batch):
+            while leases := await queue.fetch_many(client, stage, worker, 90_000, batch):
                 results = await queue.complete_many(client, leases)
                 assert all(r is queue.LeaseResult.OK for r in results), results
         cpu = time.process_time() - cpu

@@ -13,6 +13,7 @@ import enum
 import json
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -312,9 +313,48 @@ def heartbeat_call(stage: str, item_id: str, token: str, lease_ms: int,
 
 
 async def heartbeat(durable: AnyRedis, lease: LeasedItem, lease_ms: int) -> LeaseResult:
-    keys, args = heartbeat_call(lease.stage, lease.item_id, lease.token, lease_ms, lease.tag)
-    reply = await scripts_for(durable).heartbeat(keys=keys, args=args)
+    return (await heartbeat_many(durable, [lease], lease_ms))[0]
+
+
+def _heartbeat_result(reply: Any) -> LeaseResult:
     return LeaseResult.OK if isinstance(reply, str) else LeaseResult(int(reply))
+
+
+async def heartbeat_many(durable: AnyRedis, leases: list[LeasedItem],
+                         lease_ms: int) -> list[LeaseResult]:
+    """HEARTBEAT several leases in one round trip (one script call per FETCH's batch, as
+    ``complete_many``): the worker extends a whole batch every heartbeat."""
+    return await _per_batch(durable, scripts_for(durable).heartbeat, leases, lambda batch: (
+        heartbeat_call(batch[0].stage, batch[0].item_id, batch[0].token, lease_ms,
+                       batch[0].tag)), _heartbeat_result)
+
+
+async def _per_batch(durable: AnyRedis, script: Any, leases: list[LeasedItem],
+                     call: Callable[[list[LeasedItem]], tuple[list[str], list[str]]],
+                     result: Callable[[Any], LeaseResult]) -> list[LeaseResult]:
+    """One call of ``script`` per batch of ``leases`` (same stage, token and shard):
+    ``call(batch)``'s KEYS and ARGV with the batch's other items after the ARGV, several
+    batches in a pipeline; each lease's answer in its place."""
+    batches: dict[tuple[str, str, str], list[int]] = {}
+    for i, lease in enumerate(leases):
+        batches.setdefault((lease.stage, lease.token, lease.tag), []).append(i)
+    calls = []
+    for batch in batches.values():
+        keys, args = call([leases[i] for i in batch])
+        calls.append((keys, args + [leases[i].item_id for i in batch[1:]]))
+    if len(calls) == 1:
+        replies = [await script(keys=calls[0][0], args=calls[0][1])]
+    else:
+        async with durable.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+    results: list[LeaseResult] = [LeaseResult.OK] * len(leases)
+    for batch, reply in zip(batches.values(), replies, strict=True):
+        answers = reply if len(batch) > 1 else [reply]
+        for i, answer in zip(batch, answers, strict=True):
+            results[i] = result(answer)
+    return results
 
 
 def complete_call(stage: str, item_id: str, token: str, cls: int | None = None,
@@ -352,47 +392,35 @@ async def complete(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
 async def complete_many(durable: AnyRedis, leases: list[LeasedItem]) -> list[LeaseResult]:
     """COMPLETE several leases in one round trip: one script call per FETCH's batch (the
     leases of one stage under one token), several batches in a pipeline."""
-    if len(leases) == 1:
-        keys, args = _complete_lease(leases[0])
-        return [LeaseResult(int(await scripts_for(durable).complete(keys=keys, args=args)))]
-    batches: dict[tuple[str, str], list[int]] = {}  # (stage, token) -> indexes in leases
-    for i, lease in enumerate(leases):
-        batches.setdefault((lease.stage, lease.token), []).append(i)
-    calls = [_complete_batch([leases[i] for i in batch]) for batch in batches.values()]
-    script = scripts_for(durable).complete
-    if len(calls) == 1:
-        replies = [await script(keys=calls[0][0], args=calls[0][1])]
-    else:
-        async with durable.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                await script(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute()
-    results: list[LeaseResult] = [LeaseResult.OK] * len(leases)
-    for batch, reply in zip(batches.values(), replies, strict=True):
-        for i, code in zip(batch, reply if isinstance(reply, list) else [reply], strict=True):
-            results[i] = _RESULTS.get(code) or LeaseResult(int(code))
-    return results
+    return await _per_batch(durable, scripts_for(durable).complete, leases, _complete_batch,
+                            lambda code: _RESULTS.get(code) or LeaseResult(int(code)))
 
 
 def _complete_batch(batch: list[LeasedItem]) -> tuple[list[str], list[str]]:
-    """One COMPLETE call for leases of one stage and token: the first item's KEYS and ARGV
-    with every ready list of the next stage (the items' classes differ), the other items
-    after the ARGV."""
+    """The KEYS and ARGV of one COMPLETE call for leases of one stage and token (``_per_batch``
+    adds the other items): a lone lease passes only its class's list of the next stage, a
+    batch every one of them (the items' classes differ)."""
     if len(batch) == 1:
         return _complete_lease(batch[0])
     first = batch[0]
-    keys, args = complete_call(first.stage, first.item_id, first.token, tag=first.tag)
-    return keys, args + [lease.item_id for lease in batch[1:]]
+    return complete_call(first.stage, first.item_id, first.token, tag=first.tag)
 
 
 async def release(durable: AnyRedis, lease: LeasedItem) -> LeaseResult:
     """Give the item back untouched (graceful shutdown): nothing is counted against it."""
-    stage, tag = lease.stage, lease.tag
-    reply = await scripts_for(durable).release(
-        keys=[inflight_key(stage, tag), deadline_key(stage, tag), meta_key(tag),
-              *ready_keys(stage, tag)],
-        args=[lease.item_id, lease.token, str(EPOCH_MS)])
-    return LeaseResult(int(reply))
+    return (await release_many(durable, [lease]))[0]
+
+
+def _release_call(batch: list[LeasedItem]) -> tuple[list[str], list[str]]:
+    stage, tag, first = batch[0].stage, batch[0].tag, batch[0]
+    return ([inflight_key(stage, tag), deadline_key(stage, tag), meta_key(tag),
+             *ready_keys(stage, tag)], [first.item_id, first.token, str(EPOCH_MS)])
+
+
+async def release_many(durable: AnyRedis, leases: list[LeasedItem]) -> list[LeaseResult]:
+    """RELEASE several leases in one round trip (one script call per FETCH's batch)."""
+    return await _per_batch(durable, scripts_for(durable).release, leases, _release_call,
+                            lambda reply: _RESULTS.get(reply) or LeaseResult(int(reply)))
 
 
 @dataclass(frozen=True)
@@ -488,7 +516,9 @@ __all__ = [
     "fetch",
     "fetch_many",
     "heartbeat",
+    "heartbeat_many",
     "reclaim",
     "reclaim_all",
     "release",
+    "release_many",
 ]

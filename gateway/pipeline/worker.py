@@ -472,15 +472,15 @@ class StageWorker:
         held = list(leases)
         while held:
             await asyncio.sleep(self.config.heartbeat)
+            try:  # the batch in one call
+                results = await queue.heartbeat_many(self.runtime.durable, held,
+                                                     self.config.lease_ms)
+            except Exception as exc:
+                log.warning("%s: heartbeat of %d item(s) failed: %s", self.stage, len(held),
+                            exc)
+                continue
             kept = []
-            for lease in held:
-                try:
-                    result = await queue.heartbeat(self.runtime.durable, lease,
-                                                   self.config.lease_ms)
-                except Exception as exc:
-                    log.warning("%s %s: heartbeat failed: %s", self.stage, lease.item_id, exc)
-                    kept.append(lease)
-                    continue
+            for lease, result in zip(held, results, strict=True):
                 if result is queue.LeaseResult.OK:
                     kept.append(lease)
                 else:
@@ -497,9 +497,8 @@ class StageWorker:
         work.cancel()
 
     async def _release(self, leases: list[queue.LeasedItem]) -> None:
-        for lease in leases:
-            with contextlib.suppress(Exception):
-                await queue.release(self.runtime.durable, lease)
+        with contextlib.suppress(Exception):  # what is not released, RECLAIM returns
+            await queue.release_many(self.runtime.durable, leases)
 
     async def _fail(self, lease: queue.LeasedItem, exc: BaseException) -> None:
         if isinstance(exc, HandlerFailed):

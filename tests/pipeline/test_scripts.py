@@ -449,3 +449,26 @@ async def test_metas_from_before_priority_was_kept(runtime):
     assert await durable.hmget(meta_key(), ["a", "b"]) == [
         'chunk|q|50|3|0|0|50|{"text":"hello"}', "chunk|q|50|3|0|0|50|"]
     assert await ready_items(durable, "chunk") == ["a", "b"]
+
+
+async def test_heartbeat_and_release_of_a_batch_answer_per_item(runtime):
+    """One HEARTBEAT call extends every lease of a FETCH's batch its token still holds and
+    answers per item; one RELEASE call gives the held ones back, untouched, in their order."""
+    durable = runtime.durable
+    for item_id in ("a", "b", "c"):
+        await queue.enqueue(durable, item_id, DOC)
+    leases = await queue.fetch_many(durable, "store", "w", 1_000, 3)
+    before = dict(await durable.zrange(deadline_key("store"), 0, -1, withscores=True))
+    await durable.hdel(inflight_key("store"), "b")  # lost meanwhile (as if reclaimed)
+    assert await queue.heartbeat_many(durable, leases, 600_000) == [
+        queue.LeaseResult.OK, queue.LeaseResult.NOT_LEASED, queue.LeaseResult.OK]
+    after = dict(await durable.zrange(deadline_key("store"), 0, -1, withscores=True))
+    assert after["a"] >= before["a"] + 599_000 and after["c"] >= before["c"] + 599_000
+    assert after["b"] == before["b"]  # not extended: its lease is gone
+    assert await queue.release_many(durable, leases) == [
+        queue.LeaseResult.OK, queue.LeaseResult.NOT_LEASED, queue.LeaseResult.OK]
+    assert await ready_items(durable, "store") == ["a", "c"]
+    assert await durable.hlen(inflight_key("store")) == 0
+    again = await queue.fetch_many(durable, "store", "w", 60_000, 3)
+    assert [(lease.item_id, lease.failures, lease.reclaims) for lease in again] == [
+        ("a", 0, 0), ("c", 0, 0)]

@@ -8,13 +8,18 @@
 -- (their payload is '' or JSON, never digits and '|'): their priority is their base.
 -- redis.call(cmd, key, unpack(args)) for a list of arguments of any length: in calls of at
 -- most CALL_ARGS of them (Lua's unpack stops at 8,000 values; an even count keeps field-value
--- and score-member pairs together), list replies joined.
+-- and score-member pairs together), list replies joined. `option` (a flag such as 'XX'), if
+-- given, goes before the arguments of every call.
 local CALL_ARGS = 4000
-local function call_many(cmd, key, args)
-  if #args <= CALL_ARGS then return redis.call(cmd, key, unpack(args)) end
+local function call_many(cmd, key, args, option)
+  local function call(first, last)
+    if option then return redis.call(cmd, key, option, unpack(args, first, last)) end
+    return redis.call(cmd, key, unpack(args, first, last))
+  end
+  if #args <= CALL_ARGS then return call(1, #args) end
   local out = {}
   for i = 1, #args, CALL_ARGS do
-    local reply = redis.call(cmd, key, unpack(args, i, math.min(i + CALL_ARGS - 1, #args)))
+    local reply = call(i, math.min(i + CALL_ARGS - 1, #args))
     if type(reply) == 'table' then
       for j = 1, #reply do out[#out + 1] = reply[j] end
     end
