@@ -73,7 +73,9 @@ RUN_SKEW_MS = 60_000
 
 # The batch's journal rows and, for the items whose row is new, their feed rows (pending,
 # numbered after the commit: one per ``feed_topics``, at most two, in lease order), in one
-# statement: one round trip, and PostgreSQL builds the rows' JSON. Items whose
+# statement: one round trip, and PostgreSQL builds the rows' JSON. The feed rows of a topic
+# are one pending entry (``payloads``, migration 0023): one insert and, when numbered, one
+# delete per topic and batch instead of per item. Items whose
 # row already exists were committed by an earlier holder: no feed rows, only acknowledged.
 # leased_ms: the Redis time of the FETCH that leased the item (``_new_runs`` tells runs apart
 # by it).
@@ -87,11 +89,12 @@ WITH batch AS (
     SELECT item_id, $2, $3, priority, doc_type, leased_ms FROM batch ORDER BY ord
     ON CONFLICT DO NOTHING RETURNING item_id
 ), fed AS (
-    INSERT INTO feed_pending (topic, kind, payload)
-    SELECT f.topic, $2, jsonb_build_object('item_id', b.item_id, 'stage', $2::text)
+    INSERT INTO feed_pending (topic, kind, payloads)
+    SELECT f.topic, $2,
+           jsonb_agg(jsonb_build_object('item_id', b.item_id, 'stage', $2::text) ORDER BY b.ord)
     FROM batch AS b JOIN journaled AS j USING (item_id)
-    CROSS JOIN LATERAL (VALUES (1, b.topic1), (2, b.topic2)) AS f(n, topic)
-    WHERE f.topic IS NOT NULL ORDER BY b.ord, f.n
+    CROSS JOIN LATERAL (VALUES (b.topic1), (b.topic2)) AS f(topic)
+    WHERE f.topic IS NOT NULL GROUP BY f.topic ORDER BY min(b.ord), f.topic
 )
 SELECT item_id FROM journaled
 """

@@ -219,8 +219,9 @@ class Numbered:
 
 async def number_pending(conn: asyncpg.Pool | asyncpg.Connection, topic: str,
                          limit: int) -> Numbered:
-    """Give at most ``limit`` committed pending rows of ``topic`` and of each topic of its
-    family (``<topic>:...``, migration 0018) the next offsets of their topics, in one
+    """Give the rows of at most ``limit`` committed pending entries (a row, or the rows of an
+    entry with ``payloads``, migration 0023) of ``topic`` and of each topic of its family
+    (``<topic>:...``, migration 0018) the next offsets of their topics, in one
     transaction of their own (the caller must not be inside one: the topics' numbering
     locks last until that transaction ends); returns the rows made, by topic, in offset
     order, with their signals."""

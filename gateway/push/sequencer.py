@@ -40,7 +40,9 @@ from gateway.stores.redis import AnyRedis
 
 log = logging.getLogger("gateway.push")
 
-PASS_ROWS = 1000  # rows per numbering statement; a pass repeats it until the topic is empty
+# Pending entries per topic and numbering statement (an entry is one row, or a batch's rows of
+# the topic: ``payloads``); a pass repeats it until a statement makes fewer rows than this.
+PASS_ROWS = 1000
 SWEEP_SECONDS = 1.0
 SWEEP_AGE_SECONDS = 2.0
 

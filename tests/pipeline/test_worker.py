@@ -227,6 +227,42 @@ async def test_a_failed_complete_still_runs_the_batchs_fails_and_after_commit_wo
     assert await _journal_count(runtime, "store") == 1
 
 
+async def test_a_batchs_feed_rows_are_one_pending_entry_per_topic(runtime, monkeypatch):
+    """A batch's completions wait for their offsets as one ``feed_pending`` entry per topic
+    (the items' payloads in lease order), not one row per item and topic; the pass makes
+    one feed row per item on each topic, in that order, gapless."""
+    from gateway.pipeline.worker import feed_topics
+    from gateway.push.sequencer import Sequencer
+
+    seen: list[tuple[str, int]] = []
+    real_number = Sequencer.number
+
+    async def number(self, topic):  # what the commit left, before the pass takes it
+        seen.extend(await runtime.pg.fetch(
+            "SELECT topic, jsonb_array_length(payloads) FROM feed_pending ORDER BY topic"))
+        return await real_number(self, topic)
+
+    monkeypatch.setattr(Sequencer, "number", number)
+    for i in range(3):
+        await queue.enqueue(runtime.durable, f"doc{i}", {"text": f"text {i}"})
+    leases = await queue.fetch_many(runtime.durable, "store", "w", 60_000, 3)
+    assert len(leases) == 3
+    await StageWorker(runtime, "store", _noop, FAST).process(leases)
+    owner = feed_topics("doc0")[1]
+    assert {feed_topics(lease.item_id)[1] for lease in leases} == {owner}
+    assert [tuple(r) for r in seen] == [("pipeline", 3), (owner, 3)]
+    for topic in ("pipeline", owner):
+        rows = await runtime.pg.fetch(
+            "SELECT \"offset\", payload FROM feed WHERE topic = $1 ORDER BY \"offset\"", topic)
+        assert [(r["offset"], r["payload"]) for r in rows] == [
+            (n + 1, {"item_id": lease.item_id, "stage": "store"})
+            for n, lease in enumerate(leases)]
+
+
+async def _noop(ctx: StageContext) -> None:
+    return None
+
+
 async def _note(ran: list[str], item_id: str) -> None:
     ran.append(item_id)
 

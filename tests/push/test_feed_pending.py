@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import asyncpg
 import pytest
 
 from gateway import keys
@@ -41,6 +42,24 @@ async def test_pending_rows_are_invisible_until_numbered_then_consecutive_in_ord
     # A direct append after them goes on from there.
     assert (await feed.append_and_publish(runtime.pg, runtime.cache, "pipeline", "x", {})
             ).offset == 4
+
+
+async def test_an_entry_of_several_rows_is_numbered_in_place_among_single_rows(
+        runtime: Runtime) -> None:
+    """An entry with ``payloads`` (a pipeline batch's rows of one topic) stands for one row
+    per payload, in the array's order, at its place among the other entries; an empty array
+    is refused (it would count no row but make one)."""
+    await _commit_pending(runtime, "pipeline", [("a", {"n": 0})])
+    await runtime.pg.execute("INSERT INTO feed_pending (topic, kind, payloads)"
+                             " VALUES ('pipeline', 'b', $1)", [{"n": 1}, {"n": 2}])
+    await _commit_pending(runtime, "pipeline", [("c", {"n": 3})])
+    numbered = await Sequencer(runtime.pg, runtime.cache).sequence("pipeline")
+    assert [(r.offset, r.kind, r.payload) for r in numbered] == [
+        (1, "a", {"n": 0}), (2, "b", {"n": 1}), (3, "b", {"n": 2}), (4, "c", {"n": 3})]
+    assert (await feed.read_page(runtime.pg, "pipeline", 0, 10)).last_offset == 4
+    with pytest.raises(asyncpg.CheckViolationError):
+        await runtime.pg.execute("INSERT INTO feed_pending (topic, kind, payloads)"
+                                 " VALUES ('pipeline', 'b', '[]')")
 
 
 async def test_numbering_signals_each_row_in_order(runtime: Runtime) -> None:
@@ -257,9 +276,9 @@ async def test_a_worker_whose_numbering_failed_after_commit_still_gets_its_rows_
 
         await wait_until(graphed, timeout=20, message="3 items through every stage")
         # Each completion on the operators' topic and on its owner's (the admin's: ops).
-        assert dict(await runtime.pg.fetch("SELECT topic, count(*) FROM feed_pending"
-                                           " GROUP BY topic")) == {"pipeline": 12,
-                                                                   "pipeline:ops": 12}
+        assert dict(await runtime.pg.fetch(
+            "SELECT topic, sum(coalesce(jsonb_array_length(payloads), 1)) FROM feed_pending"
+            " GROUP BY topic")) == {"pipeline": 12, "pipeline:ops": 12}
         assert (await feed.read(runtime.pg, "pipeline", 0, 100))[1] == []
         broken = False
         monkeypatch.setattr(sequencer_module, "SWEEP_AGE_SECONDS", 0.0)
