@@ -249,6 +249,7 @@ async def runtime(servers: ServerSet, settings: Settings) -> AsyncIterator[Runti
 @pytest.fixture
 async def make_client(runtime: Runtime) -> AsyncIterator[Callable[..., Any]]:
     """``await make_client()`` → an aiohttp TestClient on the full app (or on ``app=``)."""
+    from gateway.web import dispatch
     from gateway.web.app import create_app
 
     clients: list[TestClient[Any, Any]] = []
@@ -260,6 +261,10 @@ async def make_client(runtime: Runtime) -> AsyncIterator[Callable[..., Any]]:
         client = TestClient(TestServer(app or create_app(rt or runtime)),
                             headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
         await client.start_server()
+        # Routed as ``serve`` routes (its site puts the webhooks' lean dispatch in front).
+        runner = client.server.runner
+        assert runner is not None and runner.server is not None
+        dispatch.install(runner.server, client.app)
         clients.append(client)
         return client
 

@@ -41,6 +41,7 @@ from gateway.api.errors import json_error
 from gateway.api.state import OVER_CAP
 from gateway.config import Settings
 from gateway.security.brute import BruteSettings, group, is_trusted
+from gateway.web import dispatch
 
 
 def _refusal(status: int, reason: str, code: str, detail: str) -> bytes:
@@ -190,6 +191,8 @@ class GatedSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
+        if isinstance(self._runner, web.AppRunner):
+            dispatch.install(server, self._runner.app)
         factory: Callable[[], asyncio.Protocol] = server
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Admitted(self.gate, _json_errors(factory())), self._host, self._port,
